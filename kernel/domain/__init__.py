@@ -1,0 +1,38 @@
+"""Pure domain types: dataclasses and StrEnums. Imports only the standard library."""
+
+from kernel.domain.agent import Agent
+from kernel.domain.approval import Approval, ApprovalStatus
+from kernel.domain.decision import (
+    ApprovalConfig,
+    BudgetSpec,
+    Decision,
+    PolicyInput,
+    RateLimitSpec,
+    Verdict,
+)
+from kernel.domain.dispatch import Dispatch, DispatchStatus
+from kernel.domain.event import Event, EventType
+from kernel.domain.execution import Execution, ExecutionStatus
+from kernel.domain.step import Idempotency, Step, StepKind, StepStatus
+
+__all__ = [
+    "Agent",
+    "Approval",
+    "ApprovalConfig",
+    "ApprovalStatus",
+    "BudgetSpec",
+    "Decision",
+    "Dispatch",
+    "DispatchStatus",
+    "Event",
+    "EventType",
+    "Execution",
+    "ExecutionStatus",
+    "Idempotency",
+    "PolicyInput",
+    "RateLimitSpec",
+    "Step",
+    "StepKind",
+    "StepStatus",
+    "Verdict",
+]

@@ -1,0 +1,80 @@
+"""A policy decision and what the engines see: engine-agnostic, so downstream never asks which
+engine decided (approvals, rate limits, budgets, replay, events and tests read only this)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Verdict(StrEnum):
+    ALLOW = "allow"
+    DENY = "deny"
+    REQUIRE_APPROVAL = "require_approval"
+
+
+class PolicyKind(StrEnum):
+    YAML = "yaml"
+    REGO = "rego"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalConfig:
+    approvers: tuple[str, ...] = ()
+    timeout_seconds: float = 0.0  # 0 → the kernel default
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitSpec:
+    max_calls: int
+    window_seconds: float
+    per_what: str = "execution"  # execution | agent | global
+    max_wait_seconds: float = 0.0
+    on_limiter_error: str = "allow"  # allow | deny
+
+    @property
+    def active(self) -> bool:
+        return self.max_calls > 0 and self.window_seconds > 0
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSpec:
+    max_tokens: int
+    on_exceed: str = "deny"  # deny | require_approval
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyInput:
+    """What a bundle is asked about one step (regent.md §3 input document)."""
+
+    agent_id: str
+    kind: str
+    target: str
+    args: Any  # decoded JSON (floats for non-integers), None when absent
+    idempotency: str = "safe_to_retry"
+    execution: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0})
+    now: str = ""  # RFC 3339, from the kernel's clock
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: Verdict
+    rule_id: str
+    reason: str = ""
+    approval: ApprovalConfig | None = None
+    rate_limit: RateLimitSpec | None = None
+    budget: BudgetSpec | None = None
+    policy_kind: PolicyKind = PolicyKind.NONE
+    policy_revision: str = ""
+
+    @classmethod
+    def permissive(cls) -> Decision:
+        return cls(Verdict.ALLOW, "permissive")
+
+    @classmethod
+    def bundle_error(cls, reason: str, kind: PolicyKind = PolicyKind.NONE, revision: str = "") -> Decision:
+        return cls(Verdict.DENY, "bundle-error", reason, policy_kind=kind, policy_revision=revision)

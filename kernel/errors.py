@@ -1,0 +1,68 @@
+"""The error tree: one stable snake_case ``code`` per class. Imports nothing of ours.
+
+`kernel/api/errors.py` alone maps codes to HTTP statuses. A policy deny is a result, never one of
+these exceptions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RegentError(Exception):
+    """Base class: every error a caller can see carries a code and a message."""
+
+    code = "internal_error"
+    default_message = "internal error"
+
+    def __init__(self, message: str | None = None, *, details: dict[str, Any] | None = None):
+        self.message = message or self.default_message
+        self.details = details
+        super().__init__(self.message)
+
+
+class ValidationError(RegentError):
+    code = "validation_error"
+    default_message = "validation error"
+
+
+class Unauthorized(RegentError):
+    code = "unauthorized"
+    default_message = "unauthorized"
+
+
+class Forbidden(RegentError):
+    code = "forbidden"
+    default_message = "forbidden"
+
+
+class NotFound(RegentError):
+    code = "not_found"
+    default_message = "not found"
+
+
+class Conflict(RegentError):
+    code = "conflict"
+    default_message = "conflict"
+
+
+class ExecutionTerminal(RegentError):
+    code = "execution_terminal"
+    default_message = "execution is terminal"
+
+
+class LeaseSuperseded(RegentError):
+    code = "lease_superseded"
+    default_message = "dispatch lease superseded"
+
+
+class StoreUnavailable(RegentError):
+    code = "unavailable"
+    default_message = "store unavailable"
+
+
+class ConfigError(RegentError):
+    """A setting, manifest or bundle file is unusable at start-up (the CLI prints it and exits)."""
+
+    code = "config_error"
+    default_message = "configuration error"
