@@ -1,0 +1,53 @@
+"""The FastAPI app factory: the one place that wires concrete parts together for HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from kernel.api import errors
+from kernel.api.auth import Authenticator
+from kernel.api.routes import admin, agent, client, ops
+from kernel.core.kernel import Kernel
+
+
+def create_app(
+    kernel: Kernel,
+    *,
+    bearer_token: str | None = None,
+    dev: bool = False,
+    max_body_bytes: int = 10 * 1024 * 1024,
+    signature_window_seconds: int = 300,
+    lifespan_hooks: list[Callable[[FastAPI], Any]] | None = None,
+    registry: CollectorRegistry | None = None,
+) -> FastAPI:
+    hooks = lifespan_hooks or []
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stops = []
+        for hook in hooks:
+            stop = await hook(app)
+            if stop is not None:
+                stops.append(stop)
+        try:
+            yield
+        finally:
+            for stop in reversed(stops):
+                await stop()
+
+    app = FastAPI(title="Regent", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.kernel = kernel
+    app.state.auth = Authenticator(
+        kernel, bearer_token=bearer_token, dev=dev, max_body_bytes=max_body_bytes,
+        signature_window_seconds=signature_window_seconds,
+    )
+    app.state.metrics_registry = registry or CollectorRegistry()
+    errors.install(app)
+    for r in (ops.router, agent.router, client.router, admin.router):
+        app.include_router(r)
+    return app

@@ -1,0 +1,134 @@
+"""Authentication: bearer tokens for client/admin routes, the v1 signature for agent routes."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from kernel.api.body import BodyTooLarge, read_body
+from kernel.core.approvals import Principal
+from kernel.core.kernel import Kernel
+from kernel.errors import Forbidden, Unauthorized
+from kernel.signing import verify_request
+
+ALL_SCOPES = frozenset(
+    {
+        "executions:read",
+        "executions:write",
+        "agents:read",
+        "agents:write",
+        "policies:write",
+        "approvals:read",
+        "approvals:write",
+        "api_keys:manage",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCall:
+    """An authenticated agent request: who, the raw body, and the dispatch lease headers."""
+
+    agent_id: str
+    body: bytes
+    dispatch_id: str | None
+    dispatch_attempt: str | None
+
+
+class Authenticator:
+    def __init__(self, kernel: Kernel, *, bearer_token: str | None, dev: bool, max_body_bytes: int,
+                 signature_window_seconds: int = 300):
+        self.kernel = kernel
+        self._token = bearer_token.encode() if bearer_token else None
+        self.dev = dev
+        self.max_body_bytes = max_body_bytes
+        self.window = signature_window_seconds
+
+    # -- bearer ---------------------------------------------------------------------------
+    def principal(self, request: Request, *scopes: str) -> Principal:
+        header = request.headers.get("authorization")
+        if header is None:
+            if self.dev:
+                return Principal(admin=True)
+            raise Unauthorized()
+        if not header.startswith("Bearer ") or len(header) <= 7:
+            raise Unauthorized()
+        token = header[7:]
+        if self._token is not None and hmac.compare_digest(token.encode(), self._token):
+            principal = Principal(admin=True)
+        else:
+            principal = self._api_key(token)
+        if not principal.has(*scopes):
+            raise Forbidden(f"forbidden: missing scope {' '.join(scopes)}")
+        return principal
+
+    def _api_key(self, token: str) -> Principal:
+        # rbk_<uuid>.<43 chars>; only SHA-256(token) is stored.
+        if not token.startswith("rbk_") or "." not in token:
+            raise Unauthorized()
+        key_id, _, secret = token[4:].partition(".")
+        if len(secret) != 43 or len(key_id) != 36:
+            raise Unauthorized()
+        with self.kernel.store.read() as tx:
+            row = tx.get_api_key(key_id.lower())
+        digest = hashlib.sha256(token.encode()).digest()
+        if row is None or row.revoked_at is not None or not hmac.compare_digest(bytes(row.secret_hash), digest):
+            raise Unauthorized()
+        return Principal(name=row.name, scopes=frozenset(json.loads(row.scopes)))
+
+    # -- agent signature ------------------------------------------------------------------
+    async def agent(self, request: Request) -> AgentCall:
+        h = request.headers
+        agent_id = h.get("rebuno-agent-id")
+        sigs = h.getlist("rebuno-signature")
+        if not agent_id or len(sigs) != 1:
+            raise Unauthorized()
+        for name in ("rebuno-timestamp", "rebuno-dispatch-id", "rebuno-dispatch-attempt"):
+            if len(h.getlist(name)) > 1:
+                raise Unauthorized()
+        try:
+            body = await read_body(request, self.max_body_bytes)
+        except BodyTooLarge:
+            raise Unauthorized() from None  # the signature covers the whole body (rebuno-v0 §8.3)
+        agent = await _to_thread(self._get_agent, agent_id)
+        if agent is None:
+            raise Unauthorized()
+        target = request.scope.get("raw_path", request.url.path.encode()).decode("latin-1")
+        qs = request.scope.get("query_string", b"")
+        if qs:
+            target += "?" + qs.decode("latin-1")
+        ok = verify_request(
+            agent.secret,
+            sigs[0],
+            method=request.method,
+            target=target,
+            timestamp=h.get("rebuno-timestamp", ""),
+            dispatch_id=h.get("rebuno-dispatch-id", ""),
+            dispatch_attempt=h.get("rebuno-dispatch-attempt", ""),
+            body=body,
+            now_unix=int(time.time()),
+            window_seconds=self.window,
+        )
+        if not ok:
+            raise Unauthorized()
+        return AgentCall(agent_id, body, h.get("rebuno-dispatch-id"), h.get("rebuno-dispatch-attempt"))
+
+    def _get_agent(self, agent_id: str):  # type: ignore[no-untyped-def]
+        with self.kernel.store.read() as tx:
+            return tx.get_agent(agent_id)
+
+
+async def _to_thread(fn, *args):  # type: ignore[no-untyped-def]
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn, *args)
+
+
+def is_agent_request(request: Request) -> bool:
+    """Dual routes use the signature when either agent header is present (rebuno-v0 §8.4)."""
+    return "rebuno-agent-id" in request.headers or "rebuno-signature" in request.headers

@@ -1,0 +1,125 @@
+"""Strict request bodies: size-capped, one JSON value, unknown keys and wrong types → 400.
+
+Submit bodies are parsed keeping number lexemes inside `args`, because a step's identity is the
+hash of their exact text (rebuno-v0 §1.2).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+from pydantic import ValidationError as PydanticValidationError
+from starlette.requests import Request
+
+from kernel.errors import ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class _Number(str):
+    """A JSON number kept as its source lexeme."""
+
+    __slots__ = ()
+
+
+def loads_json(raw: bytes, *, lexical: bool = False) -> Any:
+    if not raw.strip():
+        raise ValidationError("validation error: empty body")
+    try:
+        text = raw.decode("utf-8")
+        decoder = json.JSONDecoder(parse_int=_Number, parse_float=_Number) if lexical else _DECODER
+        # Only the first JSON value is read (as Rebuno does); trailing bytes are rejected below
+        # unless they are whitespace — Regent chooses the stricter reading (docs/api.md).
+        value, end = decoder.raw_decode(text.lstrip())
+        if text.lstrip()[end:].strip():
+            raise ValidationError("validation error: trailing data after the JSON body")
+        return value
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValidationError(f"validation error: malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise ValidationError("validation error: JSON body nested too deeply") from None
+
+
+_DECODER = json.JSONDecoder()
+
+
+def dumps_lexical(value: Any) -> str:
+    """Serialise a value parsed with `lexical=True` back to JSON text, lexemes intact."""
+    parts: list[str] = []
+    _emit(value, parts)
+    return "".join(parts)
+
+
+def _emit(v: Any, out: list[str]) -> None:
+    if isinstance(v, _Number):
+        out.append(str.__str__(v))
+    elif isinstance(v, str):
+        out.append(json.dumps(v, ensure_ascii=False))
+    elif v is None:
+        out.append("null")
+    elif v is True:
+        out.append("true")
+    elif v is False:
+        out.append("false")
+    elif isinstance(v, dict):
+        out.append("{")
+        for i, (k, item) in enumerate(v.items()):
+            if i:
+                out.append(",")
+            out.append(json.dumps(k, ensure_ascii=False))
+            out.append(":")
+            _emit(item, out)
+        out.append("}")
+    elif isinstance(v, list):
+        out.append("[")
+        for i, item in enumerate(v):
+            if i:
+                out.append(",")
+            _emit(item, out)
+        out.append("]")
+    else:  # pragma: no cover - the decoder produces nothing else
+        out.append(json.dumps(v))
+
+
+def parse_model(model: type[M], raw: bytes, *, lexical: bool = False, allow_empty: bool = False) -> M:
+    if allow_empty and not raw.strip():
+        value: Any = {}
+    else:
+        value = loads_json(raw, lexical=lexical)
+    if not isinstance(value, dict):
+        raise ValidationError("validation error: body must be a JSON object")
+    try:
+        return model.model_validate(value)
+    except PydanticValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        kind = err.get("type", "")
+        if kind == "extra_forbidden":
+            msg = f'validation error: unknown field "{where}"'
+        else:
+            msg = f"validation error: {where}: {err.get('msg')}"
+        raise ValidationError(msg) from None

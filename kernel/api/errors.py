@@ -1,0 +1,58 @@
+"""The one error table: code → HTTP status, and the `{code, message, details}` envelope."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.responses import Response
+
+from kernel.api.render import JSONResponse
+from kernel.errors import RegentError
+
+log = logging.getLogger("kernel.api")
+
+CODE_TO_STATUS: dict[str, int] = {
+    "validation_error": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "execution_terminal": 409,
+    "lease_superseded": 409,
+    "payload_too_large": 413,
+    "internal_error": 500,
+    "unavailable": 503,
+}
+
+
+def envelope(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        body["details"] = details
+    return body
+
+
+def error_response(code: str, message: str, details: dict[str, Any] | None = None) -> Response:
+    return JSONResponse(envelope(code, message, details), status_code=CODE_TO_STATUS.get(code, 500))
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(RegentError)
+    async def _regent(_: Request, exc: RegentError) -> Response:
+        return error_response(exc.code, exc.message, exc.details)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body"))
+        msg = f"validation error: {where}: {first.get('msg', 'invalid request')}" if where else "validation error"
+        return error_response("validation_error", msg)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response("internal_error", "internal error")

@@ -1,0 +1,113 @@
+"""JSON rendering of responses and resources (rebuno-v0 §0.2, §7.1): compact JSON plus a newline."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.responses import Response
+
+from kernel.clock import rfc3339
+from kernel.domain import Agent, Approval, Event, Execution, Step
+
+_enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+class JSONResponse(Response):
+    media_type = "application/json; charset=utf-8"
+
+    def render(self, content: Any) -> bytes:
+        return (_enc.encode(content) + "\n").encode("utf-8")
+
+
+def execution_json(e: Execution) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": e.id,
+        "agent_id": e.agent_id,
+        "input": e.input,
+        "status": e.status.value,
+        "created_at": rfc3339(e.created_at),
+        "updated_at": rfc3339(e.updated_at),
+    }
+    if e.output is not None:
+        out["output"] = e.output
+    if e.failure_reason:
+        out["failure_reason"] = e.failure_reason
+    if e.deadline_at is not None:
+        out["deadline_at"] = rfc3339(e.deadline_at)
+    if e.idempotency_key is not None:
+        out["idempotency_key"] = e.idempotency_key
+    return out
+
+
+def step_json(s: Step) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "step_id": s.step_id,
+        "execution_id": s.execution_id,
+        "kind": s.kind,
+        "target": s.target,
+        "args_hash": s.args_hash,
+        "occurrence": s.occurrence,
+        "status": s.status.value,
+        "idempotency": s.idempotency,
+    }
+    if s.args is not None:
+        out["args"] = s.args
+    if s.result is not None:
+        out["result"] = s.result
+    if s.error is not None:
+        out["error"] = s.error
+    if s.started_at is not None:
+        out["started_at"] = rfc3339(s.started_at)
+    if s.completed_at is not None:
+        out["completed_at"] = rfc3339(s.completed_at)
+    if s.usage_input:
+        out["usage_input"] = s.usage_input
+    if s.usage_output:
+        out["usage_output"] = s.usage_output
+    return out
+
+
+def event_json(e: Event) -> dict[str, Any]:
+    return {
+        "execution_id": e.execution_id,
+        "event_seq": e.event_seq,
+        "type": e.type,
+        "payload": e.payload,
+        "occurred_at": rfc3339(e.occurred_at),
+    }
+
+
+def approval_json(a: Approval) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": a.id,
+        "step_id": a.step_id,
+        "execution_id": a.execution_id,
+        "status": a.status.value,
+        "approvers": a.approvers,
+        "timeout_at": rfc3339(a.timeout_at),
+        "created_at": rfc3339(a.created_at),
+    }
+    for key in ("message", "decided_by", "asserted_by", "rationale"):
+        value = getattr(a, key)
+        if value:
+            out[key] = value
+    if a.decided_at is not None:
+        out["decided_at"] = rfc3339(a.decided_at)
+    return out
+
+
+def agent_json(a: Agent, policy_bundle: str | None = None) -> dict[str, Any]:
+    """Never includes the secret."""
+    out: dict[str, Any] = {
+        "id": a.id,
+        "webhook_url": a.webhook_url,
+        "registered_at": rfc3339(a.registered_at),
+    }
+    if policy_bundle:
+        out["policy_bundle"] = policy_bundle
+    if a.lease_timeout_seconds:
+        out["lease_timeout_seconds"] = a.lease_timeout_seconds
+    if a.description:
+        out["description"] = a.description
+    return out

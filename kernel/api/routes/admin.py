@@ -1,0 +1,51 @@
+"""Admin routes (bearer): agents."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from kernel.api.body import Strict, parse_model
+from kernel.api.deps import auth_of, call, kernel_of
+from kernel.api.render import JSONResponse, agent_json
+from kernel.api.routes.client import _body
+from kernel.core import agents
+
+router = APIRouter()
+
+
+class RegisterAgentBody(Strict):
+    id: str
+    webhook_url: str
+    secret: str
+    lease_timeout_seconds: int | None = None
+
+
+@router.post("/v0/agents")
+async def register_agent(request: Request) -> Response:
+    await call(auth_of(request).principal, request, "agents:write")
+    body = parse_model(RegisterAgentBody, await _body(request))
+    agent, created = await call(agents.register_agent, kernel_of(request), body.id, body.webhook_url,
+                                body.secret, body.lease_timeout_seconds)
+    return JSONResponse(agent_json(agent), status_code=201 if created else 200)
+
+
+@router.get("/v0/agents")
+async def list_agents(request: Request) -> Response:
+    await call(auth_of(request).principal, request, "agents:read")
+    rows = await call(agents.list_agents, kernel_of(request))
+    return JSONResponse([agent_json(a) for a in rows])
+
+
+@router.get("/v0/agents/{agent_id}")
+async def get_agent(agent_id: str, request: Request) -> Response:
+    await call(auth_of(request).principal, request, "agents:read")
+    a = await call(agents.get_agent, kernel_of(request), agent_id)
+    return JSONResponse(agent_json(a))
+
+
+@router.delete("/v0/agents/{agent_id}")
+async def delete_agent(agent_id: str, request: Request) -> Response:
+    await call(auth_of(request).principal, request, "agents:write")
+    await call(agents.delete_agent, kernel_of(request), agent_id)
+    return Response(status_code=204)

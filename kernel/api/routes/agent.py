@@ -1,0 +1,202 @@
+"""Agent routes (v1 request signature): steps, outcomes, heartbeat, complete/fail, metadata."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from kernel.api.body import Strict, _Number, dumps_lexical, parse_model
+from kernel.api.deps import auth_of, call, kernel_of, lease, uuid_param
+from kernel.api.render import JSONResponse, execution_json, step_json
+from kernel.core import executions, steps
+from kernel.domain import StepKind
+from kernel.errors import Forbidden, NotFound, ValidationError
+from kernel.identity import args_hash, canonical_json
+
+router = APIRouter()
+_KINDS = frozenset(k.value for k in StepKind)
+
+
+class SubmitBody(Strict):
+    kind: str
+    target: str
+    args: Any = None
+    idempotency: str = "safe_to_retry"
+    # Sent by the official SDK (0.29) on every submit; accepted and ignored (docs/api.md).
+    resources: Any = None
+
+
+class CompleteStepBody(Strict):
+    result: Any = None
+    captures: Any = None  # SDK extension: accepted, ignored
+    capture_failures: Any = None
+
+
+class FailStepBody(Strict):
+    error: Any = None
+    captures: Any = None
+    capture_failures: Any = None
+
+
+class CompleteExecutionBody(Strict):
+    output: Any = None
+    state: Any = None  # SDK extension (sessions): accepted, ignored
+
+
+class FailExecutionBody(Strict):
+    error: str = ""
+
+
+class MetadataBody(Strict):
+    description: str | None = None
+    input_schema: Any = None
+    output_schema: Any = None
+
+
+@router.post("/v0/executions/{execution_id}/steps")
+async def submit_step(execution_id: str, request: Request) -> Response:
+    a = await auth_of(request).agent(request)
+    eid = uuid_param(execution_id, "execution id")
+    body = parse_model(SubmitBody, a.body, lexical=True)
+    if isinstance(body.kind, _Number) or isinstance(body.target, _Number) or isinstance(body.idempotency, _Number):
+        raise ValidationError("validation error: kind, target and idempotency must be strings")
+    if body.kind not in _KINDS:
+        raise ValidationError(f"validation error: unknown kind {body.kind!r} (tool_call, llm_call or local)")
+    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    text = canonical_json(dumps_lexical(body.args)) if body.args is not None else "null"
+    req = steps.StepRequest(
+        kind=body.kind,
+        target=body.target,
+        args=json.loads(text),
+        args_text=text,
+        args_hash=args_hash(text),
+        idempotency=body.idempotency,
+    )
+    answer = await call(steps.submit_step, kernel_of(request), a.agent_id, eid, did, attempt, req)
+    return JSONResponse(answer.to_json())
+
+
+async def _outcome(request: Request, execution_id: str, step_id: str, failed: bool) -> Response:
+    a = await auth_of(request).agent(request)
+    eid = uuid_param(execution_id, "execution id")
+    if failed:
+        fb = parse_model(FailStepBody, a.body)
+        kwargs: dict[str, Any] = {"error": fb.error, "failed": True}
+    else:
+        cb = parse_model(CompleteStepBody, a.body)
+        kwargs = {"result": cb.result}
+    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    answer = await call(
+        steps.record_outcome, kernel_of(request), a.agent_id, eid, step_id.lower(), did, attempt, **kwargs
+    )
+    return JSONResponse(answer.to_json())
+
+
+@router.post("/v0/executions/{execution_id}/steps/{step_id}/complete")
+async def complete_step(execution_id: str, step_id: str, request: Request) -> Response:
+    return await _outcome(request, execution_id, step_id, failed=False)
+
+
+@router.post("/v0/executions/{execution_id}/steps/{step_id}/fail")
+async def fail_step(execution_id: str, step_id: str, request: Request) -> Response:
+    return await _outcome(request, execution_id, step_id, failed=True)
+
+
+@router.post("/v0/executions/{execution_id}/heartbeat")
+async def heartbeat(execution_id: str, request: Request) -> Response:
+    a = await auth_of(request).agent(request)
+    eid = uuid_param(execution_id, "execution id")
+    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    await call(executions.heartbeat, kernel_of(request), a.agent_id, eid, did, attempt)
+    return Response(status_code=204)
+
+
+@router.post("/v0/executions/{execution_id}/complete")
+async def complete_execution(execution_id: str, request: Request) -> Response:
+    a = await auth_of(request).agent(request)
+    eid = uuid_param(execution_id, "execution id")
+    body = parse_model(CompleteExecutionBody, a.body, allow_empty=True)
+    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    await call(executions.finish_execution, kernel_of(request), a.agent_id, eid, did, attempt, output=body.output)
+    return Response(status_code=204)
+
+
+@router.post("/v0/executions/{execution_id}/fail")
+async def fail_execution(execution_id: str, request: Request) -> Response:
+    a = await auth_of(request).agent(request)
+    eid = uuid_param(execution_id, "execution id")
+    body = parse_model(FailExecutionBody, a.body, allow_empty=True)
+    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    await call(executions.finish_execution, kernel_of(request), a.agent_id, eid, did, attempt,
+               error=body.error, failed=True)
+    return Response(status_code=204)
+
+
+@router.put("/v0/agents/{agent_id}/metadata")
+async def put_metadata(agent_id: str, request: Request) -> Response:
+    a = await auth_of(request).agent(request)
+    if a.agent_id != agent_id:
+        raise Forbidden("forbidden: an agent may only describe itself")
+    body = parse_model(MetadataBody, a.body, allow_empty=True)
+
+    def _store() -> None:
+        k = kernel_of(request)
+        with k.store.transaction() as tx:
+            tx.update_agent_metadata(agent_id, body.description, body.input_schema, body.output_schema)
+
+    await call(_store)
+    return Response(status_code=204)
+
+
+# Extensions the SDK can call but Regent does not implement yet: a clear 404 (sdk-contract.md).
+_EXTENSIONS = ("suspend", "resources", "resources/checkpoints", "previous", "fork")
+
+
+def _not_implemented(name: str):  # type: ignore[no-untyped-def]
+    async def handler(execution_id: str, request: Request) -> Response:
+        raise NotFound(f"not found: {name} is not implemented by Regent")
+
+    return handler
+
+
+for _name in _EXTENSIONS:
+    router.add_api_route(f"/v0/executions/{{execution_id}}/{_name}", _not_implemented(_name),
+                         methods=["GET", "POST"], include_in_schema=False)
+
+
+# Dual read routes: signature when agent headers are present, else bearer executions:read.
+async def _reader(request: Request) -> str | None:
+    from kernel.api.auth import is_agent_request
+
+    auth = auth_of(request)
+    if is_agent_request(request):
+        return (await auth.agent(request)).agent_id
+    await call(auth.principal, request, "executions:read")
+    return None
+
+
+@router.get("/v0/executions/{execution_id}")
+async def get_execution(execution_id: str, request: Request) -> Response:
+    agent_id = await _reader(request)
+    eid = uuid_param(execution_id, "execution id")
+    e = await call(executions.get_execution, kernel_of(request), eid, agent_id)
+    return JSONResponse(execution_json(e))
+
+
+@router.get("/v0/executions/{execution_id}/steps")
+async def list_steps(execution_id: str, request: Request, status: str | None = None) -> Response:
+    agent_id = await _reader(request)
+    eid = uuid_param(execution_id, "execution id")
+    rows = await call(steps.list_steps, kernel_of(request), eid, agent_id, status == "terminal")
+    return JSONResponse([step_json(s) for s in rows])
+
+
+@router.get("/v0/executions/{execution_id}/steps/{step_id}")
+async def get_step(execution_id: str, step_id: str, request: Request) -> Response:
+    agent_id = await _reader(request)
+    eid = uuid_param(execution_id, "execution id")
+    s = await call(steps.get_step, kernel_of(request), eid, step_id.lower(), agent_id)
+    return JSONResponse(step_json(s))

@@ -1,0 +1,141 @@
+"""Client routes (bearer): executions, events, cancel, approvals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from kernel.api.body import Strict, parse_model, read_body
+from kernel.api.deps import auth_of, call, kernel_of, uuid_param
+from kernel.api.render import JSONResponse, approval_json, event_json, execution_json
+from kernel.core import approvals, executions
+from kernel.errors import ValidationError
+
+router = APIRouter()
+
+
+class CreateExecutionBody(Strict):
+    agent_id: str
+    input: Any = None
+    idempotency_key: str | None = None
+    # Sent by newer SDKs for sessions / sub-agents; accepted and ignored (docs/api.md).
+    session: Any = None
+    parent_execution_id: Any = None
+    spawned_by: Any = None
+    on_behalf_of: Any = None
+
+
+class DecideBody(Strict):
+    decided_by: str = ""
+    rationale: str | None = None
+
+
+async def _body(request: Request) -> bytes:
+    from kernel.api.body import BodyTooLarge
+
+    try:
+        return await read_body(request, auth_of(request).max_body_bytes)
+    except BodyTooLarge:
+        raise ValidationError("validation error: request body over the size limit") from None
+
+
+def _int_param(value: str | None, default: int, name: str, *, lo: int = 0, hi: int | None = None) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValidationError(f"validation error: {name} must be an integer") from None
+    if n < lo:
+        raise ValidationError(f"validation error: {name} must be ≥ {lo}")
+    return min(n, hi) if hi is not None else n
+
+
+@router.post("/v0/executions", status_code=201)
+async def create_execution(request: Request) -> Response:
+    auth = auth_of(request)
+    await call(auth.principal, request, "executions:write")
+    body = parse_model(CreateExecutionBody, await _body(request))
+    if body.idempotency_key is not None and not 0 < len(body.idempotency_key) <= 200:
+        raise ValidationError("validation error: idempotency_key must be 1–200 characters")
+    e, created = await call(executions.create_execution, kernel_of(request), body.agent_id, body.input,
+                            body.idempotency_key)
+    return JSONResponse(execution_json(e), status_code=201 if created else 200)
+
+
+@router.get("/v0/executions")
+async def list_executions(request: Request) -> Response:
+    await call(auth_of(request).principal, request, "executions:read")
+    q = request.query_params
+    limit = _int_param(q.get("limit"), 50, "limit", lo=1, hi=200)
+    cursor = uuid_param(q["cursor"], "cursor") if q.get("cursor") else None
+    rows, next_cursor = await call(executions.list_executions, kernel_of(request), q.get("agent_id"),
+                                   q.get("status"), cursor, limit)
+    out: dict[str, Any] = {"executions": [execution_json(e) for e in rows]}
+    if next_cursor:
+        out["next_cursor"] = next_cursor
+    return JSONResponse(out)
+
+
+@router.get("/v0/executions/{execution_id}/events")
+async def list_events(execution_id: str, request: Request) -> Response:
+    await call(auth_of(request).principal, request, "executions:read")
+    eid = uuid_param(execution_id, "execution id")
+    q = request.query_params
+    # Unparsable values fall back to the defaults, as Rebuno does (rebuno-v0 §7.2).
+    try:
+        after = max(int(q.get("after_seq", "0") or 0), 0)
+    except ValueError:
+        after = 0
+    try:
+        limit = int(q.get("limit", "100") or 100)
+    except ValueError:
+        limit = 100
+    limit = 100 if limit <= 0 else min(limit, 1000)
+    rows = await call(executions.list_events, kernel_of(request), eid, after, limit)
+    return JSONResponse([event_json(e) for e in rows])
+
+
+@router.post("/v0/executions/{execution_id}/cancel")
+async def cancel_execution(execution_id: str, request: Request) -> Response:
+    await call(auth_of(request).principal, request, "executions:write")
+    eid = uuid_param(execution_id, "execution id")
+    await call(executions.cancel_execution, kernel_of(request), eid)
+    return Response(status_code=204)
+
+
+@router.get("/v0/approvals")
+async def list_approvals(request: Request) -> Response:
+    await call(auth_of(request).principal, request, "approvals:read")
+    status = request.query_params.get("status") or "pending"
+    rows = await call(approvals.list_approvals, kernel_of(request), None if status == "all" else status)
+    return JSONResponse([approval_json(a) for a in rows])
+
+
+@router.get("/v0/approvals/{approval_id}")
+async def get_approval(approval_id: str, request: Request) -> Response:
+    await call(auth_of(request).principal, request, "approvals:read")
+    aid = uuid_param(approval_id, "approval id")
+    a = await call(approvals.get_approval, kernel_of(request), aid)
+    return JSONResponse(approval_json(a))
+
+
+async def _decide(request: Request, approval_id: str, grant: bool) -> Response:
+    principal = await call(auth_of(request).principal, request, "approvals:write")
+    aid = uuid_param(approval_id, "approval id")
+    body = parse_model(DecideBody, await _body(request), allow_empty=True)
+    await call(approvals.decide_approval, kernel_of(request), aid, grant=grant, principal=principal,
+               decided_by=body.decided_by, rationale=body.rationale)
+    return Response(status_code=204)
+
+
+@router.post("/v0/approvals/{approval_id}/grant")
+async def grant(approval_id: str, request: Request) -> Response:
+    return await _decide(request, approval_id, True)
+
+
+@router.post("/v0/approvals/{approval_id}/deny")
+async def deny(approval_id: str, request: Request) -> Response:
+    return await _decide(request, approval_id, False)

@@ -1,0 +1,35 @@
+"""Operational routes (no auth): health, readiness, Prometheus metrics."""
+
+from __future__ import annotations
+
+import anyio
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from kernel.api.deps import call, kernel_of
+from kernel.api.render import JSONResponse
+
+router = APIRouter()
+
+
+@router.get("/v0/health")
+async def health() -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/v0/ready")
+async def ready(request: Request) -> Response:
+    k = kernel_of(request)
+    try:
+        with anyio.fail_after(2):
+            await call(k.store.ping)
+    except Exception:
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    registry = request.app.state.metrics_registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

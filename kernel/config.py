@@ -1,0 +1,114 @@
+"""Settings: one pydantic-settings class, env prefix REGENT_. Built once by the CLI, passed down.
+
+Every field is documented in docs/configuration.md. Durations accept seconds (`30`, `0.25`) or Go
+duration strings (`30s`, `5m`, `1h30m`).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def seconds(value: Any) -> float:
+    """Seconds from a number or a Go duration string; negative values are refused."""
+    if isinstance(value, int | float):
+        out = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            out = float(text)
+        except ValueError:
+            pos, out = 0, 0.0
+            if text in ("0", ""):
+                return 0.0
+            for m in _PART.finditer(text):
+                if m.start() != pos:
+                    break
+                out += float(m.group(1)) * _UNIT[m.group(2)]
+                pos = m.end()
+            if pos != len(text) or pos == 0:
+                raise ValueError(f"not a duration: {value!r} (use seconds or e.g. 30s, 5m, 1h30m)") from None
+    if out < 0:
+        raise ValueError(f"duration must not be negative: {value!r}")
+    return out
+
+
+_DURATIONS = (
+    "dispatch_base_delay",
+    "dispatch_max_delay",
+    "dispatch_timeout",
+    "dispatch_lease_timeout",
+    "dispatch_poll_interval",
+    "approval_timeout",
+    "cleanup_interval",
+    "deadline_check_interval",
+    "retention",
+    "rego_timeout",
+)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="REGENT_", extra="ignore")
+
+    # Serving
+    host: str = "127.0.0.1"
+    port: int = 8080
+    db_url: str | None = None
+    bearer_token: SecretStr | None = None
+    dev: bool = False
+    config: str | None = None
+    replica_id: str = Field(default_factory=lambda: socket.gethostname())
+    auto_migrate: bool = True
+    log_level: str = "info"
+
+    # Storage
+    sqlite_synchronous: str = "full"
+    db_pool_size: int = 10
+
+    # Requests
+    max_body_bytes: int = 10 * 1024 * 1024
+    signature_window_seconds: int = 300
+
+    # Dispatch
+    dispatch_max_attempts: int = 5
+    dispatch_base_delay: float = 1.0
+    dispatch_max_delay: float = 30.0
+    dispatch_timeout: float = 30.0
+    dispatch_concurrency: int = 8
+    dispatch_lease_timeout: float = 120.0
+    dispatch_poll_interval: float = 0.25
+
+    # Approvals, sweeps
+    approval_timeout: float = 900.0
+    cleanup_interval: float = 600.0
+    deadline_timeout: float | None = None
+    deadline_check_interval: float = 30.0
+    retention: float = 86400.0
+    leader_lock_key: str = "regent_scheduler_leader"
+
+    # Policy
+    rego_timeout: float = 0.25
+    rego_workers: int = 2
+
+    # Rate limits
+    rate_limit_storage: str = "memory://"
+
+    @field_validator(*_DURATIONS, mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return seconds(v)
+
+    @field_validator("deadline_timeout", mode="before")
+    @classmethod
+    def _optional_duration(cls, v: Any) -> float | None:
+        if v is None or v == "":
+            return None
+        return seconds(v) or None

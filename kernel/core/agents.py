@@ -1,0 +1,68 @@
+"""Agent registration use cases (the admin agents API and the provisioning manifest)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+from kernel.core.kernel import Kernel
+from kernel.domain import Agent
+from kernel.errors import Conflict, NotFound, ValidationError
+
+MIN_LEASE_SECONDS = 10
+
+
+def validate_agent_fields(agent_id: str, webhook_url: str, secret: str) -> None:
+    if not agent_id or len(agent_id.encode()) > 200 or agent_id.strip() != agent_id:
+        raise ValidationError("validation error: id must be 1–200 bytes with no surrounding spaces")
+    u = urlparse(webhook_url)
+    if u.scheme not in ("http", "https") or not u.netloc:
+        raise ValidationError(f"validation error: webhook_url must be an http(s) URL, not {webhook_url!r}")
+    if not secret:
+        raise ValidationError("validation error: secret must not be empty")
+
+
+def register_agent(
+    k: Kernel, agent_id: str, webhook_url: str, secret: str, lease_timeout_seconds: int | None,
+    *, keep_policy: bool = False,
+) -> tuple[Agent, bool]:
+    """Upsert an agent: a full replace that resets `registered_at` and (unless `keep_policy`,
+    used by the manifest) clears its policy, as Rebuno's registration does."""
+    validate_agent_fields(agent_id, webhook_url, secret)
+    lease = lease_timeout_seconds if lease_timeout_seconds and lease_timeout_seconds >= MIN_LEASE_SECONDS else None
+    now = k.clock.now()
+    with k.store.transaction() as tx:
+        created = tx.get_agent(agent_id) is None
+        existing = None if created else tx.get_agent(agent_id)
+        agent = Agent(
+            id=agent_id, webhook_url=webhook_url, secret=secret, registered_at=now,
+            lease_timeout_seconds=lease,
+            description=existing.description if existing else None,
+            input_schema=existing.input_schema if existing else None,
+            output_schema=existing.output_schema if existing else None,
+        )
+        tx.upsert_agent(agent)
+        if not created and not keep_policy:
+            tx.clear_policy(agent_id)
+    return agent, created
+
+
+def get_agent(k: Kernel, agent_id: str) -> Agent:
+    with k.store.read() as tx:
+        a = tx.get_agent(agent_id)
+    if a is None:
+        raise NotFound(f"agent {agent_id!r} not found")
+    return a
+
+
+def list_agents(k: Kernel) -> list[Agent]:
+    with k.store.read() as tx:
+        return tx.list_agents()
+
+
+def delete_agent(k: Kernel, agent_id: str) -> None:
+    with k.store.transaction() as tx:
+        if tx.get_agent(agent_id) is None:
+            raise NotFound(f"agent {agent_id!r} not found")
+        if tx.agent_has_executions(agent_id):
+            raise Conflict("conflict: agent still has executions (they are removed by retention)")
+        tx.delete_agent(agent_id)

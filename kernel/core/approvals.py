@@ -1,0 +1,117 @@
+"""Approval use cases: read, grant, deny, expire (rebuno-v0 §5; regent.md §2 principals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from kernel.core import events as ev
+from kernel.core.dispatch import enqueue
+from kernel.core.kernel import Kernel
+from kernel.domain import Approval, ApprovalStatus, EventType, ExecutionStatus, StepStatus
+from kernel.errors import Conflict, Forbidden, NotFound
+from kernel.store import Tx
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling a client/admin route. `name` is set for a scoped API key, None for the
+    shared bootstrap token or anonymous dev access."""
+
+    name: str | None = None
+    scopes: frozenset[str] = frozenset()
+    admin: bool = False
+
+    def has(self, *scopes: str) -> bool:
+        return self.admin or all(s in self.scopes for s in scopes)
+
+
+def get_approval(k: Kernel, approval_id: str) -> Approval:
+    with k.store.read() as tx:
+        a = tx.get_approval(approval_id)
+    if a is None:
+        raise NotFound("approval not found")
+    return a
+
+
+def list_approvals(k: Kernel, status: str | None = "pending") -> list[Approval]:
+    with k.store.read() as tx:
+        return tx.list_approvals(status)
+
+
+def decide_approval(
+    k: Kernel, approval_id: str, *, grant: bool, principal: Principal, decided_by: str, rationale: str | None
+) -> None:
+    """Grant or deny. With a named key, `decided_by` is the key's name and the body's value is
+    kept as `asserted_by`; `approvers` is checked against whoever decided."""
+    now = k.clock.now()
+    with k.store.read() as tx:
+        a0 = tx.get_approval(approval_id)
+    if a0 is None:
+        raise NotFound("approval not found")
+    who = principal.name if principal.name is not None else decided_by
+    asserted = decided_by if principal.name is not None else None
+    with k.store.transaction(lock=a0.execution_id) as tx:
+        a = tx.get_approval(approval_id)
+        assert a is not None
+        if a.status != ApprovalStatus.PENDING:
+            raise Conflict(f"conflict: approval is {a.status.value}")
+        if a.approvers and who not in a.approvers:
+            raise Forbidden(f'forbidden: "{who}" is not an approver for this approval')
+        e = tx.get_execution(a.execution_id)
+        if e is None or e.status.is_terminal:
+            raise Conflict("conflict: execution is terminal")
+        s = tx.get_step(a.step_id)
+        kind, target = (s.kind, s.target) if s else ("", None)
+        status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
+        tx.set_approval(a.id, status=status, decided_by=who, asserted_by=asserted, decided_at=now, rationale=rationale)
+        extra = {"decided_by": who or None, "rationale": rationale or None}
+        if grant:
+            tx.update_step(a.step_id, status=StepStatus.ALLOWED)
+            out = [
+                ev.approval(EventType.APPROVAL_GRANTED, a, "granted", **extra),
+                ev.step(EventType.STEP_ALLOWED, a.step_id, kind, target),
+            ]
+        else:
+            error = {"reason": rationale or "approval_denied"}
+            tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
+            out = [
+                ev.approval(EventType.APPROVAL_DENIED, a, "denied", **extra),
+                ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error),
+            ]
+        _resume(k, tx, a.execution_id, now, out)
+
+
+def _resume(k: Kernel, tx: Tx, execution_id: str, now: datetime, out: list[ev.Ev]) -> None:
+    out.append(ev.execution(EventType.EXECUTION_RESUMED, execution_id, ExecutionStatus.RUNNING))
+    _, queued = enqueue(k, tx, execution_id, now)
+    out.append(queued)
+    tx.append(execution_id, now, out, status=ExecutionStatus.RUNNING)
+
+
+def expire_approvals(k: Kernel, limit: int = 100) -> int:
+    """The sweep: pending approvals past `timeout_at` expire and their steps are denied."""
+    now = k.clock.now()
+    with k.store.read() as tx:
+        due = tx.expired_approvals(now, limit)
+    n = 0
+    for a0 in due:
+        with k.store.transaction(lock=a0.execution_id) as tx:
+            a = tx.get_approval(a0.id)
+            if a is None or a.status != ApprovalStatus.PENDING or a.timeout_at > now:
+                continue
+            e = tx.get_execution(a.execution_id)
+            if e is None or e.status.is_terminal:
+                continue
+            s = tx.get_step(a.step_id)
+            kind, target = (s.kind, s.target) if s else ("", None)
+            error = {"reason": "approval_timeout"}
+            tx.set_approval(a.id, status=ApprovalStatus.EXPIRED, decided_at=now, rationale="timeout")
+            tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
+            out = [
+                ev.approval(EventType.APPROVAL_EXPIRED, a, "expired", rationale="timeout"),
+                ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error),
+            ]
+            _resume(k, tx, a.execution_id, now, out)
+            n += 1
+    return n

@@ -1,0 +1,167 @@
+"""Dispatch rows and leases: enqueue, claim, delivery verdicts, lease reaping (rebuno-v0 §6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from kernel.core import events as ev
+from kernel.core.kernel import Kernel
+from kernel.domain import Dispatch, DispatchStatus, EventType, ExecutionStatus
+from kernel.errors import LeaseSuperseded
+from kernel.identity import new_uuid7
+from kernel.store import Tx
+
+
+def enqueue(k: Kernel, tx: Tx, execution_id: str, now: datetime, due: datetime | None = None) -> tuple[Dispatch, ev.Ev]:
+    """Insert a pending dispatch; the caller appends the returned `dispatch.queued` event."""
+    d = Dispatch(
+        id=new_uuid7(),
+        execution_id=execution_id,
+        status=DispatchStatus.PENDING,
+        attempt=0,
+        max_attempts=k.dispatch_max_attempts,
+        next_attempt_at=due or now,
+        created_at=now,
+        updated_at=now,
+    )
+    tx.insert_dispatch(d)
+    extra = {"next_attempt_at": due.isoformat()} if due and due > now else {}
+    return d, ev.dispatch(EventType.DISPATCH_QUEUED, d.id, execution_id, "pending", 0, **extra)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A claimed delivery: what the webhook body carries."""
+
+    dispatch_id: str
+    execution_id: str
+    agent_id: str
+    attempt: int
+    lease_timeout_seconds: float
+    discarded: bool = False  # the execution was already terminal: nothing to deliver
+    exhausted: bool = False  # attempt > max_attempts: the execution was failed instead
+
+
+def claim_due(k: Kernel, limit: int) -> list[Claim]:
+    """Claim up to `limit` due dispatches for this replica (clears occurrence counters)."""
+    now = k.clock.now()
+    with k.store.transaction() as tx:
+        ids = tx.due_dispatch_ids(now, limit)
+    claims = []
+    for did in ids:
+        c = claim_one(k, did)
+        if c is not None:
+            claims.append(c)
+    return claims
+
+
+def claim_one(k: Kernel, dispatch_id: str) -> Claim | None:
+    now = k.clock.now()
+    with k.store.read() as tx:
+        d0 = tx.get_dispatch(dispatch_id)
+    if d0 is None:
+        return None
+    with k.store.transaction(lock=d0.execution_id) as tx:
+        d = tx.get_dispatch(dispatch_id)
+        if d is None or d.status not in (DispatchStatus.PENDING, DispatchStatus.FAILED) or d.next_attempt_at > now:
+            return None
+        ex = tx.get_execution(d.execution_id)
+        agent = tx.get_agent(ex.agent_id) if ex else None
+        if ex is None or agent is None:
+            return None
+        attempt = d.attempt + 1
+        tx.clear_counters(d.id)
+        tx.set_dispatch(d.id, now, status=DispatchStatus.IN_FLIGHT, attempt=attempt,
+                        locked_by=k.replica_id, locked_at=now)
+        lease = k.lease_seconds(agent.lease_timeout_seconds)
+        if ex.status.is_terminal:
+            tx.set_dispatch(d.id, now, status=DispatchStatus.EXHAUSTED, locked_by=None, locked_at=None)
+            tx.append(ex.id, now, [ev.dispatch(EventType.DISPATCH_DISCARDED, d.id, ex.id, "exhausted", attempt)])
+            return Claim(d.id, ex.id, ex.agent_id, attempt, lease, discarded=True)
+        if attempt > d.max_attempts:
+            _fail_exhausted(tx, ex.id, now)
+            return Claim(d.id, ex.id, ex.agent_id, attempt, lease, exhausted=True)
+        return Claim(d.id, ex.id, ex.agent_id, attempt, lease)
+
+
+def _fail_exhausted(tx: Tx, execution_id: str, now: datetime) -> None:
+    tx.retire_dispatches(execution_id, now)
+    tx.append(
+        execution_id,
+        now,
+        [ev.execution(EventType.EXECUTION_FAILED, execution_id, ExecutionStatus.FAILED, reason="dispatch_exhausted")],
+        status=ExecutionStatus.FAILED,
+        failure_reason="dispatch_exhausted",
+    )
+
+
+def record_delivery(k: Kernel, claim: Claim, ok: bool, detail: str | None = None) -> None:
+    """The webhook answered (2xx → acked) or not (→ failed, backoff or exhaustion)."""
+    now = k.clock.now()
+    with k.store.transaction(lock=claim.execution_id) as tx:
+        ex = tx.get_execution(claim.execution_id)
+        if ex is None:
+            return
+        if ok:
+            tx.append(ex.id, now, [ev.dispatch(EventType.DISPATCH_ACKED, claim.dispatch_id, ex.id, "acked", claim.attempt)])
+            return
+        tx.append(ex.id, now, [ev.dispatch(EventType.DISPATCH_FAILED, claim.dispatch_id, ex.id, "failed",
+                                           claim.attempt, error=detail)])
+        d = tx.get_dispatch(claim.dispatch_id)
+        live = d is not None and d.status == DispatchStatus.IN_FLIGHT and d.attempt == claim.attempt
+        if not live or ex.status.is_terminal:
+            return  # the delivery lost its row meanwhile (blocked, parked, finished): verdict dropped
+        if claim.attempt >= d.max_attempts:
+            _fail_exhausted(tx, ex.id, now)
+        else:
+            tx.set_dispatch_if_live(claim.dispatch_id, claim.attempt, now, status=DispatchStatus.FAILED,
+                                    next_attempt_at=now + k.backoff(claim.attempt), locked_by=None, locked_at=None)
+
+
+def reap_expired_leases(k: Kernel, batch: int = 100) -> int:
+    """Return in-flight rows whose lease ran out to the queue: same id, same attempt, no event."""
+    now = k.clock.now()
+    total = 0
+    for _ in range(1000):  # bounded: at most 100 000 rows a pass
+        with k.store.read() as tx:
+            expired = tx.expired_leases(now, int(k.dispatch_lease_timeout), batch)
+        if not expired:
+            break
+        reaped = 0
+        for did, _locked, _period in expired:
+            with k.store.read() as tx:
+                d0 = tx.get_dispatch(did)
+            if d0 is None:
+                continue
+            with k.store.transaction(lock=d0.execution_id) as tx:
+                d = tx.get_dispatch(did)
+                if d is None or d.status != DispatchStatus.IN_FLIGHT or d.locked_at != d0.locked_at:
+                    continue
+                tx.set_dispatch(did, now, status=DispatchStatus.PENDING, locked_by=None, locked_at=None,
+                                next_attempt_at=now)
+                reaped += 1
+        total += reaped
+        if len(expired) < batch or reaped == 0:
+            break
+    return total
+
+
+def require_live_lease(tx: Tx, execution_id: str, dispatch_id: str, attempt: int, now: datetime) -> None:
+    """Renew the lease of the live attempt, or raise 409 lease_superseded."""
+    if not tx.renew_lease(dispatch_id, execution_id, attempt, now):
+        raise LeaseSuperseded()
+
+
+def check_attempt(tx: Tx, execution_id: str, dispatch_id: str, attempt: int) -> None:
+    """Recording a step outcome checks the attempt only (its status does not matter)."""
+    d = tx.get_dispatch(dispatch_id)
+    if d is None or d.execution_id != execution_id or d.attempt != attempt:
+        raise LeaseSuperseded()
+
+
+def park_until(k: Kernel, tx: Tx, execution_id: str, now: datetime, wait_seconds: float) -> ev.Ev:
+    """Rate-limit park: retire every dispatch, enqueue one due after the wait."""
+    tx.retire_dispatches(execution_id, now)
+    _, queued = enqueue(k, tx, execution_id, now, due=now + timedelta(seconds=wait_seconds))
+    return queued

@@ -1,0 +1,41 @@
+"""The seams the core sees: the policy resolver and the rate limiter, as small Protocols.
+
+The store is `kernel.store.SqlStore` (one implementation per dialect behind one class); the app
+factory is the one place that picks concrete classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from kernel.domain import Decision, PolicyInput, RateLimitSpec
+
+
+class PolicyResolver(Protocol):
+    """Agent → active bundle → decision. Never raises: any fault is a deny `bundle-error`."""
+
+    def decide(self, inp: PolicyInput) -> Decision: ...
+
+
+class PermissiveResolver:
+    """No bundles at all: every step is allowed with rule id `permissive`."""
+
+    def decide(self, inp: PolicyInput) -> Decision:
+        return Decision.permissive()
+
+
+@dataclass(frozen=True, slots=True)
+class LimitOutcome:
+    admitted: bool
+    wait_seconds: float = 0.0  # until one call is available again, when refused
+    error: str | None = None  # the limiter could not be asked
+
+
+class Limiter(Protocol):
+    def hit(self, key: str, spec: RateLimitSpec) -> LimitOutcome: ...
+
+
+class NoLimiter:
+    def hit(self, key: str, spec: RateLimitSpec) -> LimitOutcome:
+        return LimitOutcome(admitted=True)

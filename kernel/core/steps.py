@@ -1,0 +1,324 @@
+"""Step use cases: submit (replay or decide), record an outcome, read (rebuno-v0 §2.1, §2.2)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from kernel.clock import rfc3339
+from kernel.core import events as ev
+from kernel.core.dispatch import check_attempt, park_until
+from kernel.core.executions import load_owned
+from kernel.core.kernel import Kernel
+from kernel.core.usage import parse_usage
+from kernel.domain import (
+    Approval,
+    ApprovalStatus,
+    Decision,
+    DispatchStatus,
+    EventType,
+    Execution,
+    ExecutionStatus,
+    PolicyInput,
+    Step,
+    StepKind,
+    StepStatus,
+    Verdict,
+)
+from kernel.domain.step import INDETERMINATE_ERROR, Idempotency
+from kernel.errors import Conflict, LeaseSuperseded, NotFound
+from kernel.identity import new_uuid7, step_id as compute_step_id
+from kernel.store import Tx
+
+INDETERMINATE_RETRY = Decision(Verdict.DENY, "__indeterminate_retry", "prior attempt outcome unknown; retry refused")
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequest:
+    kind: str
+    target: str
+    args: Any  # decoded (for policy)
+    args_text: str  # canonical JSON text (stored; identity is its hash)
+    args_hash: str
+    idempotency: str = Idempotency.SAFE_TO_RETRY.value
+
+
+@dataclass(frozen=True, slots=True)
+class StepAnswer:
+    """The decision object of the v0 API; empty fields are omitted on the wire."""
+
+    decision: str
+    step_id: str | None = None
+    result: Any = _UNSET
+    error: Any = None
+    approval_id: str | None = None
+    reason: str | None = None
+    rule_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"decision": self.decision}
+        if self.step_id:
+            out["step_id"] = self.step_id
+        if self.result is not _UNSET:
+            out["result"] = self.result
+        for key in ("error", "approval_id", "reason", "rule_id"):
+            value = getattr(self, key)
+            if value is not None and value != "":
+                out[key] = value
+        return out
+
+    @property
+    def recorded(self) -> bool:
+        return self.step_id is not None
+
+
+def bucket_key(rule_id: str, per_what: str, e: Execution) -> str:
+    if per_what == "agent":
+        return f"{rule_id}:agent:{e.agent_id}"
+    if per_what == "global":
+        return f"{rule_id}:global"
+    return f"{rule_id}:exec:{e.id}"
+
+
+def submit_step(
+    k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest
+) -> StepAnswer:
+    now = k.clock.now()
+    with k.store.transaction(lock=execution_id) as tx:
+        e = load_owned(tx, execution_id, agent_id)
+        if e.status.is_terminal:
+            return StepAnswer("execution_terminal")
+        d = tx.get_dispatch(dispatch_id)
+        if d is None or d.execution_id != execution_id or d.attempt != attempt or d.status != DispatchStatus.IN_FLIGHT:
+            raise LeaseSuperseded()
+        occurrence = tx.get_counter(dispatch_id, req.kind, req.target, req.args_hash)
+        sid = compute_step_id(execution_id, req.kind, req.target, req.args_hash, occurrence)
+        existing = tx.get_step(sid)
+        if existing is not None:
+            answer = _answer_existing(tx, existing, req, now)
+        elif e.status == ExecutionStatus.BLOCKED:
+            return StepAnswer("execution_blocked")
+        else:
+            answer = _decide_new(k, tx, e, sid, occurrence, req, dispatch_id, attempt, now)
+            if not answer.recorded:
+                return answer
+        # The lease is re-checked (and renewed) inside the transaction that records the answer.
+        if not tx.renew_lease(dispatch_id, execution_id, attempt, now):
+            raise LeaseSuperseded()
+        tx.advance_counter(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
+        return answer
+
+
+def _answer_existing(tx: Tx, s: Step, req: StepRequest, now: datetime) -> StepAnswer:
+    """The replay table: answer from the stored status without consulting policy."""
+    sid = s.step_id
+    if s.status == StepStatus.SUCCEEDED:
+        return StepAnswer("replay", sid, result=s.result)
+    if s.status == StepStatus.FAILED:
+        return StepAnswer("replay", sid, error=s.error)
+    if s.status == StepStatus.DENIED:
+        reason = s.error.get("reason") if isinstance(s.error, dict) else None
+        rule = s.error.get("rule_id") if isinstance(s.error, dict) else None
+        return StepAnswer("denied", sid, reason=reason or "policy_denied", rule_id=rule)
+    if s.status == StepStatus.AWAITING_APPROVAL:
+        a = tx.pending_approval_for_step(sid)
+        return StepAnswer("blocked", sid, approval_id=a.id if a else None)
+    if s.status in (StepStatus.ALLOWED, StepStatus.PROPOSED):
+        tx.update_step(sid, status=StepStatus.EXECUTING, started_at=now)
+        tx.append(s.execution_id, now, [ev.step(EventType.STEP_EXECUTING, sid, s.kind, s.target)])
+        return StepAnswer("proceed", sid)
+    if s.status == StepStatus.EXECUTING and req.idempotency == Idempotency.AT_MOST_ONCE:
+        # Orphaned: the body may have run. Never run it twice; report the unknown outcome.
+        tx.update_step(sid, status=StepStatus.FAILED, error=INDETERMINATE_ERROR, completed_at=now)
+        tx.append(s.execution_id, now, [ev.step(EventType.STEP_FAILED, sid, s.kind, s.target, error=INDETERMINATE_ERROR)])
+        return StepAnswer("replay", sid, error=INDETERMINATE_ERROR)
+    return StepAnswer("proceed", sid)  # executing & safe to retry (or unreachable states)
+
+
+def _decide_new(
+    k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest,
+    dispatch_id: str, attempt: int, now: datetime,
+) -> StepAnswer:
+    if req.idempotency == Idempotency.AT_MOST_ONCE and tx.has_indeterminate_failure(
+        e.id, req.kind, req.target, req.args_hash
+    ):
+        decision = INDETERMINATE_RETRY
+    else:
+        usage_in, usage_out = tx.token_usage(e.id)
+        decision = k.policy.decide(
+            PolicyInput(
+                agent_id=e.agent_id,
+                kind=req.kind,
+                target=req.target,
+                args=req.args,
+                idempotency=req.idempotency,
+                execution={
+                    "id": e.id,
+                    "agent_id": e.agent_id,
+                    "input": e.input,
+                    "created_at": rfc3339(e.created_at),
+                },
+                usage={"input_tokens": usage_in, "output_tokens": usage_out},
+                now=rfc3339(now),
+            )
+        )
+        limited = _apply_rate_limit(k, tx, e, sid, req, decision, dispatch_id, attempt, now)
+        if limited is not None:
+            return limited
+        decision = _apply_budget(decision, usage_in + usage_out)
+    return _record(k, tx, e, sid, occurrence, req, decision, now)
+
+
+def _apply_rate_limit(
+    k: Kernel, tx: Tx, e: Execution, sid: str, req: StepRequest, d: Decision,
+    dispatch_id: str, attempt: int, now: datetime,
+) -> StepAnswer | None:
+    spec = d.rate_limit
+    if spec is None or not spec.active:
+        return None
+    outcome = k.limiter.hit(bucket_key(d.rule_id, spec.per_what, e), spec)
+    if outcome.error is not None:
+        if spec.on_limiter_error == "deny":
+            return _refuse(tx, e, sid, req, d, "rate_limiter_unavailable", dispatch_id, attempt, now)
+        return None  # fail open
+    if outcome.admitted:
+        return None
+    if spec.max_wait_seconds <= 0:
+        return _refuse(tx, e, sid, req, d, "rate_limit_exceeded", dispatch_id, attempt, now)
+    wait = outcome.wait_seconds if outcome.wait_seconds > 0 else spec.window_seconds / spec.max_calls
+    if wait > spec.max_wait_seconds or tx.count_events(e.id, EventType.STEP_RATE_LIMITED.value) > 0:
+        return _refuse(tx, e, sid, req, d, "rate_limit_exceeded", dispatch_id, attempt, now)
+    wait = min(wait + k.rng.uniform(0, wait / 2), spec.max_wait_seconds)
+    if not tx.renew_lease(dispatch_id, e.id, attempt, now):
+        raise LeaseSuperseded()
+    limited = _rate_limited_event(sid, req, d, "rate_limit_exceeded")
+    queued = park_until(k, tx, e.id, now, wait)
+    tx.append(e.id, now, [limited, queued])
+    return StepAnswer("blocked", reason="rate_limit_exceeded")
+
+
+def _rate_limited_event(sid: str, req: StepRequest, d: Decision, reason: str) -> ev.Ev:
+    error = {"reason": reason, "rule_id": d.rule_id}
+    fields = ev.decision_fields(d)
+    fields.pop("reason", None)
+    return ev.step(EventType.STEP_RATE_LIMITED, sid, req.kind, req.target, error=error, **fields)
+
+
+def _refuse(
+    tx: Tx, e: Execution, sid: str, req: StepRequest, d: Decision, reason: str,
+    dispatch_id: str, attempt: int, now: datetime,
+) -> StepAnswer:
+    if not tx.renew_lease(dispatch_id, e.id, attempt, now):
+        raise LeaseSuperseded()
+    tx.append(e.id, now, [_rate_limited_event(sid, req, d, reason)])
+    return StepAnswer("rate_limited", reason=reason)
+
+
+def _apply_budget(d: Decision, spend: int) -> Decision:
+    b = d.budget
+    if b is None or b.max_tokens <= 0 or d.verdict != Verdict.ALLOW or spend < b.max_tokens:
+        return d
+    verdict = Verdict.REQUIRE_APPROVAL if b.on_exceed == "require_approval" else Verdict.DENY
+    return dataclasses.replace(d, verdict=verdict, reason="execution_token_budget_exceeded")
+
+
+def _record(
+    k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest, d: Decision, now: datetime
+) -> StepAnswer:
+    base = Step(
+        step_id=sid, execution_id=e.id, kind=req.kind, target=req.target, args_hash=req.args_hash,
+        occurrence=occurrence, status=StepStatus.EXECUTING, idempotency=req.idempotency,
+    )
+    proposed = ev.step(EventType.STEP_PROPOSED, sid, req.kind, req.target)
+    fields = ev.decision_fields(d)
+    if d.verdict == Verdict.ALLOW:
+        tx.insert_step(dataclasses.replace(base, started_at=now), req.args_text)
+        tx.append(e.id, now, [
+            proposed,
+            ev.step(EventType.STEP_ALLOWED, sid, req.kind, req.target, **fields),
+            ev.step(EventType.STEP_EXECUTING, sid, req.kind, req.target),
+        ])
+        return StepAnswer("proceed", sid)
+    if d.verdict == Verdict.DENY:
+        reason = d.reason or "policy_denied"
+        error = {"reason": reason, "rule_id": d.rule_id}
+        tx.insert_step(dataclasses.replace(base, status=StepStatus.DENIED, error=error, completed_at=now), req.args_text)
+        fields["reason"] = reason
+        tx.append(e.id, now, [
+            proposed,
+            ev.step(EventType.STEP_DENIED, sid, req.kind, req.target, error=error, **fields),
+        ])
+        return StepAnswer("denied", sid, reason=reason, rule_id=d.rule_id)
+    # require_approval: the execution blocks and its lease is released until a human decides.
+    cfg = d.approval
+    timeout = cfg.timeout_seconds if cfg and cfg.timeout_seconds > 0 else k.approval_timeout
+    a = Approval(
+        id=new_uuid7(), step_id=sid, execution_id=e.id, status=ApprovalStatus.PENDING,
+        approvers=list(cfg.approvers) if cfg and cfg.approvers else None,
+        message=(cfg.message or None) if cfg else None,
+        timeout_at=now + timedelta(seconds=timeout), created_at=now,
+    )
+    tx.insert_step(dataclasses.replace(base, status=StepStatus.AWAITING_APPROVAL), req.args_text)
+    tx.insert_approval(a)
+    tx.retire_dispatches(e.id, now)
+    tx.append(e.id, now, [
+        proposed,
+        ev.step(EventType.STEP_AWAITING_APPROVAL, sid, req.kind, req.target, **fields),
+        ev.approval(EventType.APPROVAL_REQUESTED, a, "pending"),
+        ev.execution(EventType.EXECUTION_BLOCKED, e.id, ExecutionStatus.BLOCKED),
+    ], status=ExecutionStatus.BLOCKED)
+    return StepAnswer("blocked", sid, approval_id=a.id)
+
+
+def record_outcome(
+    k: Kernel, agent_id: str, execution_id: str, step_id: str, dispatch_id: str, attempt: int,
+    *, result: Any = None, error: Any = None, failed: bool = False,
+) -> StepAnswer:
+    """Complete or fail a step; a terminal outcome is never overwritten (replay answers it)."""
+    now = k.clock.now()
+    with k.store.transaction(lock=execution_id) as tx:
+        e = load_owned(tx, execution_id, agent_id)
+        s = tx.get_step(step_id)
+        if s is None or s.execution_id != execution_id:
+            raise NotFound("step not found")
+        if e.status.is_terminal:
+            return StepAnswer("execution_terminal")
+        if s.status.is_terminal:
+            if failed:
+                return StepAnswer("replay", error=s.error)
+            return StepAnswer("replay", result=s.result)
+        if s.status != StepStatus.EXECUTING:
+            raise Conflict(f"conflict: cannot record outcome for step in status {s.status.value}")
+        check_attempt(tx, execution_id, dispatch_id, attempt)
+        if failed:
+            tx.update_step(step_id, status=StepStatus.FAILED, error=error, completed_at=now)
+            tx.append(execution_id, now, [ev.step(EventType.STEP_FAILED, step_id, s.kind, s.target, error=error)])
+            return StepAnswer("recorded")
+        usage = parse_usage(result) if s.kind == StepKind.LLM_CALL else None
+        values: dict[str, Any] = {"status": StepStatus.SUCCEEDED, "result": result, "completed_at": now}
+        extra: dict[str, Any] = {}
+        if usage is not None:
+            values.update(usage_input=usage[0], usage_output=usage[1])
+            extra["usage"] = {"input_tokens": usage[0], "output_tokens": usage[1]}
+            tx.add_usage(execution_id, usage[0], usage[1])
+        tx.update_step(step_id, **values)
+        tx.append(execution_id, now, [ev.step(EventType.STEP_SUCCEEDED, step_id, s.kind, s.target, **extra)])
+        return StepAnswer("recorded")
+
+
+def get_step(k: Kernel, execution_id: str, step_id: str, agent_id: str | None) -> Step:
+    with k.store.read() as tx:
+        load_owned(tx, execution_id, agent_id)
+        s = tx.get_step(step_id)
+    if s is None or s.execution_id != execution_id:
+        raise NotFound("step not found")
+    return s
+
+
+def list_steps(k: Kernel, execution_id: str, agent_id: str | None, terminal_only: bool) -> list[Step]:
+    with k.store.read() as tx:
+        load_owned(tx, execution_id, agent_id)
+        return tx.list_steps(execution_id, terminal_only)

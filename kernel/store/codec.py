@@ -1,0 +1,123 @@
+"""JSON text <-> values for the store's TEXT columns, and row -> domain conversion."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kernel.domain import (
+    Agent,
+    Approval,
+    ApprovalStatus,
+    Dispatch,
+    DispatchStatus,
+    Event,
+    Execution,
+    ExecutionStatus,
+    Step,
+    StepStatus,
+)
+
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def dumps(value: Any) -> str:
+    return _encoder.encode(value)
+
+
+def dumps_or_none(value: Any) -> str | None:
+    return None if value is None else _encoder.encode(value)
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def to_agent(r: Any) -> Agent:
+    return Agent(
+        id=r.id,
+        webhook_url=r.webhook_url,
+        secret=r.secret,
+        registered_at=r.registered_at,
+        lease_timeout_seconds=r.lease_timeout_seconds,
+        description=r.description,
+        input_schema=loads(r.input_schema),
+        output_schema=loads(r.output_schema),
+    )
+
+
+def to_execution(r: Any) -> Execution:
+    return Execution(
+        id=r.id,
+        agent_id=r.agent_id,
+        input=loads(r.input),
+        status=ExecutionStatus(r.status),
+        created_at=r.created_at,
+        updated_at=r.updated_at,
+        output=loads(r.output),
+        failure_reason=r.failure_reason,
+        deadline_at=r.deadline_at,
+        idempotency_key=r.idempotency_key,
+    )
+
+
+def to_step(r: Any) -> Step:
+    return Step(
+        step_id=r.step_id,
+        execution_id=r.execution_id,
+        kind=r.kind,
+        target=r.target,
+        args_hash=r.args_hash,
+        occurrence=r.occurrence,
+        status=StepStatus(r.status),
+        idempotency=r.idempotency,
+        args=loads(r.args),
+        result=loads(r.result),
+        error=loads(r.error),
+        started_at=r.started_at,
+        completed_at=r.completed_at,
+        usage_input=r.usage_input,
+        usage_output=r.usage_output,
+    )
+
+
+def to_event(r: Any) -> Event:
+    return Event(
+        execution_id=r.execution_id,
+        event_seq=r.event_seq,
+        type=r.type,
+        payload=json.loads(r.payload),
+        occurred_at=r.occurred_at,
+    )
+
+
+def to_approval(r: Any) -> Approval:
+    return Approval(
+        id=r.id,
+        step_id=r.step_id,
+        execution_id=r.execution_id,
+        status=ApprovalStatus(r.status),
+        approvers=loads(r.approvers),
+        message=r.message,
+        timeout_at=r.timeout_at,
+        created_at=r.created_at,
+        decided_by=r.decided_by,
+        asserted_by=r.asserted_by,
+        decided_at=r.decided_at,
+        rationale=r.rationale,
+    )
+
+
+def to_dispatch(r: Any) -> Dispatch:
+    return Dispatch(
+        id=r.id,
+        execution_id=r.execution_id,
+        status=DispatchStatus(r.status),
+        attempt=r.attempt,
+        max_attempts=r.max_attempts,
+        next_attempt_at=r.next_attempt_at,
+        created_at=r.created_at,
+        updated_at=r.updated_at,
+        locked_by=r.locked_by,
+        locked_at=r.locked_at,
+    )

@@ -1,0 +1,93 @@
+"""PostgreSQL, for several replicas: advisory locks per execution, SKIP LOCKED claims, a leader lock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import create_engine, func, or_, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+
+from kernel.domain import DispatchStatus
+from kernel.store import tables as t
+from kernel.store.sql import SqlStore
+
+_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))")
+_TRY_LOCK = text("SELECT pg_try_advisory_lock(hashtextextended(:k, 0))")
+_UNLOCK = text("SELECT pg_advisory_unlock(hashtextextended(:k, 0))")
+
+
+def driver_url(url: str) -> str:
+    """`postgresql://…` → SQLAlchemy's psycopg 3 driver URL."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    raise ValueError(f"not a PostgreSQL URL: {url}")
+
+
+class PostgresStore(SqlStore):
+    dialect = "postgresql"
+
+    def __init__(self, url: str, *, pool_size: int = 10, max_overflow: int = 20):
+        engine = create_engine(
+            driver_url(url),
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_pre_ping=True,
+            # Lock waits are bounded so a stuck replica cannot wedge the others forever.
+            connect_args={"options": "-c lock_timeout=10000 -c statement_timeout=30000"},
+        )
+        super().__init__(engine, url)
+
+    def _lock_execution(self, conn: Connection, execution_id: str) -> None:
+        # Transaction-scoped: released by COMMIT/ROLLBACK, so no code path can leak it.
+        conn.execute(_LOCK, {"k": f"execution:{execution_id}"})
+
+    def upsert(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> None:
+        stmt = pg_insert(table).values(**values)
+        keys = set(key)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(keys), set_={k: stmt.excluded[k] for k in values if k not in keys}
+        )
+        conn.execute(stmt)
+
+    def upsert_max(
+        self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
+    ) -> None:
+        stmt = pg_insert(table).values(**values)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(key),
+            set_={column: func.greatest(table.c[column], stmt.excluded[column])},
+        )
+        conn.execute(stmt)
+
+    def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]:
+        # SKIP LOCKED: replicas claiming at the same moment take disjoint rows instead of queueing.
+        c = t.dispatches.c
+        q = (
+            select(c.id)
+            .where(
+                or_(c.status == DispatchStatus.PENDING.value, c.status == DispatchStatus.FAILED.value),
+                c.next_attempt_at <= now,
+            )
+            .order_by(c.next_attempt_at, c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        return [r[0] for r in conn.execute(q).all()]
+
+    @contextmanager
+    def leader(self, name: str) -> Iterator[bool]:
+        # Session-level try-lock on a dedicated connection: one replica runs the tick, others skip.
+        with self.engine.connect() as conn:
+            got = bool(conn.execute(_TRY_LOCK, {"k": name}).scalar())
+            conn.commit()
+            try:
+                yield got
+            finally:
+                if got:
+                    conn.execute(_UNLOCK, {"k": name})
+                    conn.commit()

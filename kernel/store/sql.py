@@ -1,0 +1,622 @@
+"""The dialect-neutral store: one transaction per use case, Core statements on the SQLModel tables.
+
+`SqlStore` opens transactions; `Tx` holds every query a use case runs inside one. Dialect
+modules (`sqlite.py`, `postgres.py`) supply the engine, the per-execution lock, upserts and the
+dispatch claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, delete, func, insert, or_, select, update
+from sqlalchemy.engine import Connection
+
+from kernel.domain import (
+    Agent,
+    Approval,
+    Dispatch,
+    DispatchStatus,
+    Event,
+    Execution,
+    ExecutionStatus,
+    Step,
+    StepStatus,
+)
+from kernel.domain.step import TERMINAL_STEP_STATUSES
+from kernel.store import codec
+from kernel.store import tables as t
+
+_TERMINAL_STEPS = tuple(s.value for s in TERMINAL_STEP_STATUSES)
+_TERMINAL_EXECUTIONS = tuple(
+    s.value for s in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
+)
+
+
+class Tx:
+    """One open transaction. Every method is a single round trip or a small batch."""
+
+    def __init__(self, store: SqlStore, conn: Connection, escalate: Callable[[], Connection] | None = None):
+        self.store = store
+        self._conn = conn
+        self._escalate = escalate
+
+    @property
+    def conn(self) -> Connection:
+        """The connection reads use: the write connection once the transaction has written."""
+        return self._conn
+
+    @property
+    def w(self) -> Connection:
+        """The connection writes use. On SQLite the first write takes the database write lock."""
+        if self._escalate is not None:
+            self._conn = self._escalate()
+            self._escalate = None
+        return self._conn
+
+    # -- agents ---------------------------------------------------------------------------
+    def get_agent(self, agent_id: str) -> Agent | None:
+        r = self.conn.execute(select(t.agents).where(t.agents.c.id == agent_id)).first()
+        return codec.to_agent(r) if r else None
+
+    def list_agents(self) -> list[Agent]:
+        rows = self.conn.execute(select(t.agents).order_by(t.agents.c.id)).all()
+        return [codec.to_agent(r) for r in rows]
+
+    def upsert_agent(self, agent: Agent) -> None:
+        values = {
+            "id": agent.id,
+            "webhook_url": agent.webhook_url,
+            "secret": agent.secret,
+            "lease_timeout_seconds": agent.lease_timeout_seconds,
+            "registered_at": agent.registered_at,
+            "description": agent.description,
+            "input_schema": codec.dumps_or_none(agent.input_schema),
+            "output_schema": codec.dumps_or_none(agent.output_schema),
+        }
+        self.store.upsert(self.w, t.agents, values, key=("id",))
+
+    def update_agent_metadata(self, agent_id: str, description: Any, input_schema: Any, output_schema: Any) -> None:
+        self.w.execute(
+            update(t.agents)
+            .where(t.agents.c.id == agent_id)
+            .values(
+                description=description,
+                input_schema=codec.dumps_or_none(input_schema),
+                output_schema=codec.dumps_or_none(output_schema),
+            )
+        )
+
+    def delete_agent(self, agent_id: str) -> bool:
+        return self.w.execute(delete(t.agents).where(t.agents.c.id == agent_id)).rowcount > 0
+
+    def agent_has_executions(self, agent_id: str) -> bool:
+        q = select(t.executions.c.id).where(t.executions.c.agent_id == agent_id).limit(1)
+        return self.conn.execute(q).first() is not None
+
+    # -- policy revisions -----------------------------------------------------------------
+    def add_policy_revision(self, agent_id: str, kind: str, revision: str, content: str, now: datetime) -> int:
+        seq = self.w.execute(
+            select(func.coalesce(func.max(t.policy_revisions.c.seq), 0)).where(
+                t.policy_revisions.c.agent_id == agent_id
+            )
+        ).scalar_one() + 1
+        self.w.execute(
+            update(t.policy_revisions)
+            .where(t.policy_revisions.c.agent_id == agent_id, t.policy_revisions.c.active.is_(True))
+            .values(active=False)
+        )
+        self.w.execute(
+            insert(t.policy_revisions).values(
+                agent_id=agent_id, seq=seq, kind=kind, revision=revision, content=content,
+                active=True, created_at=now,
+            )
+        )
+        return int(seq)
+
+    def activate_policy_revision(self, agent_id: str, seq: int) -> bool:
+        exists = self.conn.execute(
+            select(t.policy_revisions.c.id).where(
+                t.policy_revisions.c.agent_id == agent_id, t.policy_revisions.c.seq == seq
+            )
+        ).first()
+        if not exists:
+            return False
+        self.w.execute(
+            update(t.policy_revisions)
+            .where(t.policy_revisions.c.agent_id == agent_id)
+            .values(active=t.policy_revisions.c.seq == seq)
+        )
+        return True
+
+    def active_policy(self, agent_id: str) -> Any:
+        return self.conn.execute(
+            select(t.policy_revisions).where(
+                t.policy_revisions.c.agent_id == agent_id, t.policy_revisions.c.active.is_(True)
+            )
+        ).first()
+
+    def list_policy_revisions(self, agent_id: str) -> list[Any]:
+        return list(
+            self.conn.execute(
+                select(t.policy_revisions)
+                .where(t.policy_revisions.c.agent_id == agent_id)
+                .order_by(t.policy_revisions.c.seq)
+            ).all()
+        )
+
+    def clear_policy(self, agent_id: str) -> None:
+        self.w.execute(
+            update(t.policy_revisions)
+            .where(t.policy_revisions.c.agent_id == agent_id)
+            .values(active=False)
+        )
+
+    # -- executions -----------------------------------------------------------------------
+    def get_execution(self, execution_id: str) -> Execution | None:
+        r = self.conn.execute(select(t.executions).where(t.executions.c.id == execution_id)).first()
+        return codec.to_execution(r) if r else None
+
+    def find_execution_by_key(self, agent_id: str, key: str) -> Execution | None:
+        r = self.conn.execute(
+            select(t.executions).where(
+                t.executions.c.agent_id == agent_id, t.executions.c.idempotency_key == key
+            )
+        ).first()
+        return codec.to_execution(r) if r else None
+
+    def insert_execution(self, e: Execution) -> None:
+        self.w.execute(
+            insert(t.executions).values(
+                id=e.id,
+                agent_id=e.agent_id,
+                input=codec.dumps(e.input),
+                status=e.status.value,
+                output=None,
+                failure_reason=None,
+                idempotency_key=e.idempotency_key,
+                last_event_seq=0,
+                usage_input=0,
+                usage_output=0,
+                created_at=e.created_at,
+                updated_at=e.updated_at,
+                deadline_at=e.deadline_at,
+            )
+        )
+
+    def list_executions(
+        self, agent_id: str | None, status: str | None, cursor: str | None, limit: int
+    ) -> list[Execution]:
+        q = select(t.executions)
+        if agent_id is not None:
+            q = q.where(t.executions.c.agent_id == agent_id)
+        if status is not None:
+            q = q.where(t.executions.c.status == status)
+        if cursor is not None:
+            q = q.where(t.executions.c.id < cursor)
+        q = q.order_by(t.executions.c.id.desc()).limit(limit)
+        return [codec.to_execution(r) for r in self.conn.execute(q).all()]
+
+    def set_execution(self, execution_id: str, now: datetime, **values: Any) -> None:
+        if "output" in values:
+            values["output"] = codec.dumps_or_none(values["output"])
+        if "status" in values:
+            values["status"] = str(values["status"])
+        self.w.execute(
+            update(t.executions).where(t.executions.c.id == execution_id).values(updated_at=now, **values)
+        )
+
+    def execution_ids_past_deadline(self, now: datetime, limit: int) -> list[str]:
+        q = (
+            select(t.executions.c.id)
+            .where(t.executions.c.deadline_at <= now, t.executions.c.status.not_in(_TERMINAL_EXECUTIONS))
+            .limit(limit)
+        )
+        return [r[0] for r in self.conn.execute(q).all()]
+
+    def delete_terminal_executions_before(self, cutoff: datetime, limit: int) -> int:
+        ids = [
+            r[0]
+            for r in self.conn.execute(
+                select(t.executions.c.id)
+                .where(t.executions.c.status.in_(_TERMINAL_EXECUTIONS), t.executions.c.updated_at < cutoff)
+                .limit(limit)
+            ).all()
+        ]
+        if not ids:
+            return 0
+        # Children first: SQLite only cascades with foreign_keys on, and we do not rely on it.
+        for table in (t.dispatch_step_counters,):
+            self.w.execute(
+                delete(table).where(
+                    table.c.dispatch_id.in_(select(t.dispatches.c.id).where(t.dispatches.c.execution_id.in_(ids)))
+                )
+            )
+        for table in (t.events, t.steps, t.approvals, t.dispatches):
+            self.w.execute(delete(table).where(table.c.execution_id.in_(ids)))
+        self.w.execute(delete(t.executions).where(t.executions.c.id.in_(ids)))
+        return len(ids)
+
+    # -- events ---------------------------------------------------------------------------
+    def append(
+        self, execution_id: str, now: datetime, events: Sequence[tuple[str, dict[str, Any]]], **execution_values: Any
+    ) -> int:
+        """Append events with gapless seqs and apply execution updates, in two statements.
+
+        Must run under the execution's lock. Returns the last seq written.
+        """
+        n = len(events)
+        if "status" in execution_values:
+            execution_values["status"] = str(execution_values["status"])
+        if "output" in execution_values:
+            execution_values["output"] = codec.dumps_or_none(execution_values["output"])
+        last = self.w.execute(
+            update(t.executions)
+            .where(t.executions.c.id == execution_id)
+            .values(last_event_seq=t.executions.c.last_event_seq + n, updated_at=now, **execution_values)
+            .returning(t.executions.c.last_event_seq)
+        ).scalar_one()
+        if n:
+            first = last - n + 1
+            self.w.execute(
+                insert(t.events),
+                [
+                    {
+                        "execution_id": execution_id,
+                        "event_seq": first + i,
+                        "type": str(typ),
+                        "payload": codec.dumps(payload),
+                        "occurred_at": now,
+                    }
+                    for i, (typ, payload) in enumerate(events)
+                ],
+            )
+        return int(last)
+
+    def list_events(self, execution_id: str, after_seq: int, limit: int) -> list[Event]:
+        q = (
+            select(t.events)
+            .where(t.events.c.execution_id == execution_id, t.events.c.event_seq > after_seq)
+            .order_by(t.events.c.event_seq)
+            .limit(limit)
+        )
+        return [codec.to_event(r) for r in self.conn.execute(q).all()]
+
+    def count_events(self, execution_id: str, type_: str) -> int:
+        return int(
+            self.conn.execute(
+                select(func.count())
+                .select_from(t.events)
+                .where(t.events.c.execution_id == execution_id, t.events.c.type == type_)
+            ).scalar_one()
+        )
+
+    # -- steps ----------------------------------------------------------------------------
+    def get_step(self, step_id: str) -> Step | None:
+        r = self.conn.execute(select(t.steps).where(t.steps.c.step_id == step_id)).first()
+        return codec.to_step(r) if r else None
+
+    def list_steps(self, execution_id: str, terminal_only: bool = False) -> list[Step]:
+        q = select(t.steps).where(t.steps.c.execution_id == execution_id)
+        if terminal_only:
+            q = q.where(t.steps.c.status.in_(_TERMINAL_STEPS))
+        q = q.order_by(t.steps.c.started_at, t.steps.c.step_id)
+        return [codec.to_step(r) for r in self.conn.execute(q).all()]
+
+    def insert_step(self, s: Step, args_text: str | None) -> None:
+        self.w.execute(
+            insert(t.steps).values(
+                step_id=s.step_id,
+                execution_id=s.execution_id,
+                kind=s.kind,
+                target=s.target,
+                args_hash=s.args_hash,
+                occurrence=s.occurrence,
+                status=s.status.value,
+                idempotency=s.idempotency,
+                args=args_text,
+                result=None,
+                error=codec.dumps_or_none(s.error),
+                usage_input=0,
+                usage_output=0,
+                started_at=s.started_at,
+                completed_at=s.completed_at,
+            )
+        )
+
+    def update_step(self, step_id: str, **values: Any) -> bool:
+        """Update a step unless it is terminal: a terminal outcome is never overwritten."""
+        for key in ("result", "error"):
+            if key in values:
+                values[key] = codec.dumps_or_none(values[key])
+        if "status" in values:
+            values["status"] = str(values["status"])
+        res = self.w.execute(
+            update(t.steps)
+            .where(t.steps.c.step_id == step_id, t.steps.c.status.not_in(_TERMINAL_STEPS))
+            .values(**values)
+        )
+        return res.rowcount > 0
+
+    def steps_in_status(self, execution_id: str, status: StepStatus) -> list[Step]:
+        q = select(t.steps).where(t.steps.c.execution_id == execution_id, t.steps.c.status == status.value)
+        return [codec.to_step(r) for r in self.conn.execute(q).all()]
+
+    def has_indeterminate_failure(self, execution_id: str, kind: str, target: str, args_hash: str) -> bool:
+        q = select(t.steps.c.error).where(
+            t.steps.c.execution_id == execution_id,
+            t.steps.c.kind == kind,
+            t.steps.c.target == target,
+            t.steps.c.args_hash == args_hash,
+            t.steps.c.status == StepStatus.FAILED.value,
+        )
+        for (err,) in self.conn.execute(q).all():
+            value = codec.loads(err)
+            if isinstance(value, dict) and value.get("reason") == "indeterminate":
+                return True
+        return False
+
+    def token_usage(self, execution_id: str) -> tuple[int, int]:
+        """The execution's token meter: (input, output) summed over its recorded steps."""
+        r = self.conn.execute(
+            select(t.executions.c.usage_input, t.executions.c.usage_output).where(
+                t.executions.c.id == execution_id
+            )
+        ).first()
+        return (int(r[0]), int(r[1])) if r else (0, 0)
+
+    def add_usage(self, execution_id: str, input_tokens: int, output_tokens: int) -> None:
+        c = t.executions.c
+        self.w.execute(
+            update(t.executions)
+            .where(c.id == execution_id)
+            .values(usage_input=c.usage_input + input_tokens, usage_output=c.usage_output + output_tokens)
+        )
+
+    # -- occurrence counters --------------------------------------------------------------
+    def get_counter(self, dispatch_id: str, kind: str, target: str, args_hash: str) -> int:
+        c = t.dispatch_step_counters.c
+        v = self.conn.execute(
+            select(c.consumed).where(
+                c.dispatch_id == dispatch_id, c.kind == kind, c.target == target, c.args_hash == args_hash
+            )
+        ).scalar()
+        return int(v or 0)
+
+    def advance_counter(self, dispatch_id: str, kind: str, target: str, args_hash: str, to: int) -> None:
+        """Move the counter to `to`, never backwards."""
+        self.store.upsert_max(
+            self.w,
+            t.dispatch_step_counters,
+            {"dispatch_id": dispatch_id, "kind": kind, "target": target, "args_hash": args_hash, "consumed": to},
+            key=("dispatch_id", "kind", "target", "args_hash"),
+            column="consumed",
+        )
+
+    # -- dispatches -----------------------------------------------------------------------
+    def insert_dispatch(self, d: Dispatch) -> None:
+        self.w.execute(
+            insert(t.dispatches).values(
+                id=d.id,
+                execution_id=d.execution_id,
+                status=d.status.value,
+                attempt=d.attempt,
+                max_attempts=d.max_attempts,
+                next_attempt_at=d.next_attempt_at,
+                locked_by=None,
+                locked_at=None,
+                created_at=d.created_at,
+                updated_at=d.updated_at,
+            )
+        )
+
+    def get_dispatch(self, dispatch_id: str) -> Dispatch | None:
+        r = self.conn.execute(select(t.dispatches).where(t.dispatches.c.id == dispatch_id)).first()
+        return codec.to_dispatch(r) if r else None
+
+    def renew_lease(self, dispatch_id: str, execution_id: str, attempt: int, now: datetime) -> bool:
+        """Renew the lease of a live attempt (in_flight, same attempt). False when fenced."""
+        c = t.dispatches.c
+        res = self.w.execute(
+            update(t.dispatches)
+            .where(
+                c.id == dispatch_id,
+                c.execution_id == execution_id,
+                c.attempt == attempt,
+                c.status == DispatchStatus.IN_FLIGHT.value,
+            )
+            .values(locked_at=now)
+        )
+        return res.rowcount > 0
+
+    def retire_dispatches(self, execution_id: str, now: datetime) -> None:
+        c = t.dispatches.c
+        self.w.execute(
+            update(t.dispatches)
+            .where(c.execution_id == execution_id, c.status != DispatchStatus.EXHAUSTED.value)
+            .values(status=DispatchStatus.EXHAUSTED.value, locked_by=None, locked_at=None, updated_at=now)
+        )
+
+    def set_dispatch(self, dispatch_id: str, now: datetime, **values: Any) -> None:
+        if "status" in values:
+            values["status"] = str(values["status"])
+        self.w.execute(
+            update(t.dispatches).where(t.dispatches.c.id == dispatch_id).values(updated_at=now, **values)
+        )
+
+    def set_dispatch_if_live(self, dispatch_id: str, attempt: int, now: datetime, **values: Any) -> bool:
+        """Apply a delivery verdict only if the row is still in flight with this attempt."""
+        if "status" in values:
+            values["status"] = str(values["status"])
+        c = t.dispatches.c
+        res = self.w.execute(
+            update(t.dispatches)
+            .where(c.id == dispatch_id, c.attempt == attempt, c.status == DispatchStatus.IN_FLIGHT.value)
+            .values(updated_at=now, **values)
+        )
+        return res.rowcount > 0
+
+    def clear_counters(self, dispatch_id: str) -> None:
+        self.w.execute(
+            delete(t.dispatch_step_counters).where(t.dispatch_step_counters.c.dispatch_id == dispatch_id)
+        )
+
+    def due_dispatch_ids(self, now: datetime, limit: int) -> list[str]:
+        return self.store.due_dispatch_ids(self.conn, now, limit)
+
+    def expired_leases(self, now: datetime, default_lease_seconds: int, limit: int) -> list[tuple[str, str, int]]:
+        """In-flight rows with their execution's agent lease period; expiry is decided by the caller."""
+        c = t.dispatches.c
+        q = (
+            select(c.id, c.locked_at, t.agents.c.lease_timeout_seconds)
+            .select_from(
+                t.dispatches.join(t.executions, t.executions.c.id == c.execution_id).join(
+                    t.agents, t.agents.c.id == t.executions.c.agent_id
+                )
+            )
+            .where(c.status == DispatchStatus.IN_FLIGHT.value)
+            .order_by(c.locked_at)
+            .limit(limit)
+        )
+        out = []
+        for did, locked_at, lease in self.conn.execute(q).all():
+            period = lease or default_lease_seconds
+            if locked_at is None or (now - locked_at).total_seconds() >= period:
+                out.append((did, str(locked_at), period))
+        return out
+
+    # -- approvals ------------------------------------------------------------------------
+    def insert_approval(self, a: Approval) -> None:
+        self.w.execute(
+            insert(t.approvals).values(
+                id=a.id,
+                step_id=a.step_id,
+                execution_id=a.execution_id,
+                status=a.status.value,
+                approvers=codec.dumps_or_none(a.approvers),
+                message=a.message,
+                timeout_at=a.timeout_at,
+                created_at=a.created_at,
+            )
+        )
+
+    def get_approval(self, approval_id: str) -> Approval | None:
+        r = self.conn.execute(select(t.approvals).where(t.approvals.c.id == approval_id)).first()
+        return codec.to_approval(r) if r else None
+
+    def pending_approval_for_step(self, step_id: str) -> Approval | None:
+        r = self.conn.execute(
+            select(t.approvals)
+            .where(t.approvals.c.step_id == step_id, t.approvals.c.status == "pending")
+            .order_by(t.approvals.c.created_at)
+        ).first()
+        return codec.to_approval(r) if r else None
+
+    def list_approvals(self, status: str | None, execution_id: str | None = None) -> list[Approval]:
+        q = select(t.approvals)
+        if status is not None:
+            q = q.where(t.approvals.c.status == status)
+        if execution_id is not None:
+            q = q.where(t.approvals.c.execution_id == execution_id)
+        q = q.order_by(t.approvals.c.created_at, t.approvals.c.id)
+        return [codec.to_approval(r) for r in self.conn.execute(q).all()]
+
+    def expired_approvals(self, now: datetime, limit: int) -> list[Approval]:
+        q = (
+            select(t.approvals)
+            .where(t.approvals.c.status == "pending", t.approvals.c.timeout_at <= now)
+            .order_by(t.approvals.c.timeout_at)
+            .limit(limit)
+        )
+        return [codec.to_approval(r) for r in self.conn.execute(q).all()]
+
+    def set_approval(self, approval_id: str, **values: Any) -> None:
+        if "status" in values:
+            values["status"] = str(values["status"])
+        self.w.execute(update(t.approvals).where(t.approvals.c.id == approval_id).values(**values))
+
+    # -- api keys -------------------------------------------------------------------------
+    def insert_api_key(self, values: dict[str, Any]) -> None:
+        self.w.execute(insert(t.api_keys).values(**values))
+
+    def get_api_key(self, key_id: str) -> Any:
+        return self.conn.execute(select(t.api_keys).where(t.api_keys.c.id == key_id)).first()
+
+    def list_api_keys(self) -> list[Any]:
+        return list(self.conn.execute(select(t.api_keys).order_by(t.api_keys.c.created_at, t.api_keys.c.id)).all())
+
+    def set_api_key(self, key_id: str, **values: Any) -> None:
+        self.w.execute(update(t.api_keys).where(t.api_keys.c.id == key_id).values(**values))
+
+
+class SqlStore:
+    """Base for the dialect stores. `transaction(lock=…)` is the one way to mutate."""
+
+    dialect = "sql"
+
+    def __init__(self, engine: Engine, url: str):
+        self.engine = engine
+        self.url = url
+
+    # Dialect hooks -----------------------------------------------------------------------
+    def _lock_execution(self, conn: Connection, execution_id: str) -> None:
+        raise NotImplementedError
+
+    @contextmanager
+    def _begin(self, write: bool) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    def upsert(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> None:
+        raise NotImplementedError
+
+    def upsert_max(
+        self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
+    ) -> None:
+        raise NotImplementedError
+
+    def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]:
+        c = t.dispatches.c
+        q = (
+            select(c.id)
+            .where(
+                or_(c.status == DispatchStatus.PENDING.value, c.status == DispatchStatus.FAILED.value),
+                c.next_attempt_at <= now,
+            )
+            .order_by(c.next_attempt_at, c.id)
+            .limit(limit)
+        )
+        return [r[0] for r in conn.execute(q).all()]
+
+    @contextmanager
+    def leader(self, name: str) -> Iterator[bool]:
+        """Singleton work: yields True on the replica that holds the leader lock this tick."""
+        yield True
+
+    # Public ------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self, lock: str | None = None) -> Iterator[Tx]:
+        """A write transaction; `lock` names an execution whose mutations it serialises."""
+        with self._begin(write=True) as conn:
+            if lock is not None:
+                self._lock_execution(conn, lock)
+            yield Tx(self, conn)
+
+    @contextmanager
+    def read(self) -> Iterator[Tx]:
+        """A read-only transaction (a consistent snapshot)."""
+        with self._begin(write=False) as conn:
+            yield Tx(self, conn)
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+__all__ = ["SqlStore", "Tx"]

@@ -1,0 +1,238 @@
+"""The schema, declared once with SQLModel. The hot path uses SQLAlchemy Core on these tables.
+
+JSON values are stored as compact JSON text (both dialects): args as their canonical text (number
+lexemes intact), the rest as `json.dumps` output. Timestamps are UTC (`UTCDateTime`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlmodel import Field, SQLModel
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every dialect (SQLite hands back naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _ts(nullable: bool = False, index: bool = False) -> Any:
+    return Field(sa_column=Column(UTCDateTime(), nullable=nullable, index=index))
+
+
+def _text(nullable: bool = True) -> Any:
+    return Field(default=None, sa_column=Column(Text, nullable=nullable))
+
+
+class AgentRow(SQLModel, table=True):
+    __tablename__ = "agents"
+
+    id: str = Field(sa_column=Column(String(200), primary_key=True))
+    webhook_url: str = Field(sa_column=Column(Text, nullable=False))
+    secret: str = Field(sa_column=Column(Text, nullable=False))
+    lease_timeout_seconds: int | None = Field(default=None, sa_column=Column(Integer))
+    registered_at: datetime = _ts()
+    description: str | None = _text()
+    input_schema: str | None = _text()
+    output_schema: str | None = _text()
+
+
+class PolicyRevisionRow(SQLModel, table=True):
+    """Every stored bundle revision is kept; at most one per agent is active."""
+
+    __tablename__ = "policy_revisions"
+    __table_args__ = (
+        Index("ix_policy_revisions_agent", "agent_id", "seq"),
+        UniqueConstraint("agent_id", "seq"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    agent_id: str = Field(
+        sa_column=Column(String(200), ForeignKey("agents.id", ondelete="CASCADE"), nullable=False)
+    )
+    seq: int = Field(sa_column=Column(Integer, nullable=False))
+    kind: str = Field(sa_column=Column(String(16), nullable=False))  # yaml | rego | none
+    revision: str = Field(sa_column=Column(String(200), nullable=False))
+    content: str = Field(sa_column=Column(Text, nullable=False))  # YAML text, or Rego bundle JSON
+    active: bool = Field(default=False, nullable=False)
+    created_at: datetime = _ts()
+
+
+class ExecutionRow(SQLModel, table=True):
+    __tablename__ = "executions"
+    __table_args__ = (
+        Index("ix_executions_agent", "agent_id", "id"),
+        Index("ix_executions_status", "status", "id"),
+        UniqueConstraint("agent_id", "idempotency_key"),
+    )
+
+    id: str = Field(sa_column=Column(String(36), primary_key=True))
+    agent_id: str = Field(sa_column=Column(String(200), ForeignKey("agents.id"), nullable=False))
+    input: str | None = _text()
+    status: str = Field(sa_column=Column(String(16), nullable=False))
+    output: str | None = _text()
+    failure_reason: str | None = _text()
+    idempotency_key: str | None = Field(default=None, sa_column=Column(String(200)))
+    last_event_seq: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    # Running token meter (sum of its steps' recorded usage), so a budget check is O(1).
+    usage_input: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    usage_output: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+    deadline_at: datetime | None = _ts(nullable=True, index=True)
+
+
+class EventRow(SQLModel, table=True):
+    __tablename__ = "events"
+
+    execution_id: str = Field(
+        sa_column=Column(
+            String(36), ForeignKey("executions.id", ondelete="CASCADE"), primary_key=True
+        )
+    )
+    event_seq: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    type: str = Field(sa_column=Column(String(40), nullable=False))
+    payload: str = Field(sa_column=Column(Text, nullable=False))
+    occurred_at: datetime = _ts()
+
+
+class StepRow(SQLModel, table=True):
+    __tablename__ = "steps"
+    __table_args__ = (
+        UniqueConstraint("execution_id", "kind", "target", "args_hash", "occurrence"),
+        Index("ix_steps_execution", "execution_id"),
+    )
+
+    step_id: str = Field(sa_column=Column(String(64), primary_key=True))
+    execution_id: str = Field(
+        sa_column=Column(String(36), ForeignKey("executions.id", ondelete="CASCADE"), nullable=False)
+    )
+    kind: str = Field(sa_column=Column(Text, nullable=False))
+    target: str = Field(sa_column=Column(Text, nullable=False))
+    args_hash: str = Field(sa_column=Column(String(64), nullable=False))
+    occurrence: int = Field(sa_column=Column(Integer, nullable=False))
+    status: str = Field(sa_column=Column(String(20), nullable=False))
+    idempotency: str = Field(sa_column=Column(Text, nullable=False))
+    args: str | None = _text()
+    result: str | None = _text()
+    error: str | None = _text()
+    usage_input: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    usage_output: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    started_at: datetime | None = _ts(nullable=True)
+    completed_at: datetime | None = _ts(nullable=True)
+
+
+class ApprovalRow(SQLModel, table=True):
+    __tablename__ = "approvals"
+    __table_args__ = (Index("ix_approvals_status", "status", "created_at"),)
+
+    id: str = Field(sa_column=Column(String(36), primary_key=True))
+    step_id: str = Field(sa_column=Column(String(64), nullable=False, index=True))
+    execution_id: str = Field(
+        sa_column=Column(String(36), ForeignKey("executions.id", ondelete="CASCADE"), nullable=False)
+    )
+    status: str = Field(sa_column=Column(String(16), nullable=False))
+    approvers: str | None = _text()
+    message: str | None = _text()
+    timeout_at: datetime = _ts()
+    decided_by: str | None = _text()
+    asserted_by: str | None = _text()
+    decided_at: datetime | None = _ts(nullable=True)
+    rationale: str | None = _text()
+    created_at: datetime = _ts()
+
+
+class DispatchRow(SQLModel, table=True):
+    __tablename__ = "dispatches"
+    __table_args__ = (
+        Index("ix_dispatches_due", "status", "next_attempt_at"),
+        Index("ix_dispatches_execution", "execution_id"),
+    )
+
+    id: str = Field(sa_column=Column(String(36), primary_key=True))
+    execution_id: str = Field(
+        sa_column=Column(String(36), ForeignKey("executions.id", ondelete="CASCADE"), nullable=False)
+    )
+    status: str = Field(sa_column=Column(String(16), nullable=False))
+    attempt: int = Field(default=0, sa_column=Column(Integer, nullable=False))
+    max_attempts: int = Field(sa_column=Column(Integer, nullable=False))
+    next_attempt_at: datetime = _ts()
+    locked_by: str | None = Field(default=None, sa_column=Column(String(200)))
+    locked_at: datetime | None = _ts(nullable=True)
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+
+
+class DispatchStepCounterRow(SQLModel, table=True):
+    __tablename__ = "dispatch_step_counters"
+
+    dispatch_id: str = Field(
+        sa_column=Column(
+            String(36), ForeignKey("dispatches.id", ondelete="CASCADE"), primary_key=True
+        )
+    )
+    kind: str = Field(sa_column=Column(Text, primary_key=True))
+    target: str = Field(sa_column=Column(Text, primary_key=True))
+    args_hash: str = Field(sa_column=Column(String(64), primary_key=True))
+    consumed: int = Field(default=0, sa_column=Column(Integer, nullable=False))
+
+
+class ApiKeyRow(SQLModel, table=True):
+    __tablename__ = "api_keys"
+
+    id: str = Field(sa_column=Column(String(36), primary_key=True))
+    name: str = Field(sa_column=Column(String(200), nullable=False))
+    scopes: str = Field(sa_column=Column(Text, nullable=False))  # JSON array
+    secret_hash: bytes = Field(sa_column=Column(LargeBinary(32), nullable=False))
+    created_at: datetime = _ts()
+    revoked_at: datetime | None = _ts(nullable=True)
+
+
+class SchemaVersionRow(SQLModel, table=True):
+    __tablename__ = "regent_schema_version"
+
+    version: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    applied_at: datetime = _ts()
+
+
+agents = AgentRow.__table__  # type: ignore[attr-defined]
+policy_revisions = PolicyRevisionRow.__table__  # type: ignore[attr-defined]
+executions = ExecutionRow.__table__  # type: ignore[attr-defined]
+events = EventRow.__table__  # type: ignore[attr-defined]
+steps = StepRow.__table__  # type: ignore[attr-defined]
+approvals = ApprovalRow.__table__  # type: ignore[attr-defined]
+dispatches = DispatchRow.__table__  # type: ignore[attr-defined]
+dispatch_step_counters = DispatchStepCounterRow.__table__  # type: ignore[attr-defined]
+api_keys = ApiKeyRow.__table__  # type: ignore[attr-defined]
+schema_version = SchemaVersionRow.__table__  # type: ignore[attr-defined]
+
+metadata = SQLModel.metadata
