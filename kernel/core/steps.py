@@ -29,7 +29,8 @@ from kernel.domain import (
 )
 from kernel.domain.step import INDETERMINATE_ERROR, Idempotency
 from kernel.errors import Conflict, LeaseSuperseded, NotFound
-from kernel.identity import new_uuid7, step_id as compute_step_id
+from kernel.identity import new_uuid7
+from kernel.identity import step_id as compute_step_id
 from kernel.store import Tx
 
 INDETERMINATE_RETRY = Decision(Verdict.DENY, "__indeterminate_retry", "prior attempt outcome unknown; retry refused")
@@ -98,6 +99,7 @@ def submit_step(
         sid = compute_step_id(execution_id, req.kind, req.target, req.args_hash, occurrence)
         existing = tx.get_step(sid)
         if existing is not None:
+            _renew(tx, dispatch_id, execution_id, attempt, now)
             answer = _answer_existing(tx, existing, req, now)
         elif e.status == ExecutionStatus.BLOCKED:
             return StepAnswer("execution_blocked")
@@ -105,11 +107,15 @@ def submit_step(
             answer = _decide_new(k, tx, e, sid, occurrence, req, dispatch_id, attempt, now)
             if not answer.recorded:
                 return answer
-        # The lease is re-checked (and renewed) inside the transaction that records the answer.
-        if not tx.renew_lease(dispatch_id, execution_id, attempt, now):
-            raise LeaseSuperseded()
         tx.advance_counter(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
         return answer
+
+
+def _renew(tx: Tx, dispatch_id: str, execution_id: str, attempt: int, now: datetime) -> None:
+    """Re-check and renew the lease inside the transaction that records the answer, so a reclaim
+    that landed since the entry check fails the whole write with 409 and leaves no trace."""
+    if not tx.renew_lease(dispatch_id, execution_id, attempt, now):
+        raise LeaseSuperseded()
 
 
 def _answer_existing(tx: Tx, s: Step, req: StepRequest, now: datetime) -> StepAnswer:
@@ -169,6 +175,7 @@ def _decide_new(
         if limited is not None:
             return limited
         decision = _apply_budget(decision, usage_in + usage_out)
+    _renew(tx, dispatch_id, e.id, attempt, now)
     return _record(k, tx, e, sid, occurrence, req, decision, now)
 
 
@@ -192,8 +199,7 @@ def _apply_rate_limit(
     if wait > spec.max_wait_seconds or tx.count_events(e.id, EventType.STEP_RATE_LIMITED.value) > 0:
         return _refuse(tx, e, sid, req, d, "rate_limit_exceeded", dispatch_id, attempt, now)
     wait = min(wait + k.rng.uniform(0, wait / 2), spec.max_wait_seconds)
-    if not tx.renew_lease(dispatch_id, e.id, attempt, now):
-        raise LeaseSuperseded()
+    _renew(tx, dispatch_id, e.id, attempt, now)
     limited = _rate_limited_event(sid, req, d, "rate_limit_exceeded")
     queued = park_until(k, tx, e.id, now, wait)
     tx.append(e.id, now, [limited, queued])
@@ -211,8 +217,7 @@ def _refuse(
     tx: Tx, e: Execution, sid: str, req: StepRequest, d: Decision, reason: str,
     dispatch_id: str, attempt: int, now: datetime,
 ) -> StepAnswer:
-    if not tx.renew_lease(dispatch_id, e.id, attempt, now):
-        raise LeaseSuperseded()
+    _renew(tx, dispatch_id, e.id, attempt, now)
     tx.append(e.id, now, [_rate_limited_event(sid, req, d, reason)])
     return StepAnswer("rate_limited", reason=reason)
 

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import model_validator
 from starlette.responses import Response
 
 from kernel.api.body import Strict, _Number, dumps_lexical, parse_model
@@ -27,6 +28,16 @@ class SubmitBody(Strict):
     idempotency: str = "safe_to_retry"
     # Sent by the official SDK (0.29) on every submit; accepted and ignored (docs/api.md).
     resources: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strings_are_strings(cls, data: Any) -> Any:
+        # Lexical parsing keeps numbers as str subclasses; they must not pass as strings.
+        if isinstance(data, dict):
+            for key in ("kind", "target", "idempotency"):
+                if isinstance(data.get(key), _Number):
+                    raise ValueError(f"{key} must be a string")
+        return data
 
 
 class CompleteStepBody(Strict):
@@ -61,8 +72,6 @@ async def submit_step(execution_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request)
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(SubmitBody, a.body, lexical=True)
-    if isinstance(body.kind, _Number) or isinstance(body.target, _Number) or isinstance(body.idempotency, _Number):
-        raise ValidationError("validation error: kind, target and idempotency must be strings")
     if body.kind not in _KINDS:
         raise ValidationError(f"validation error: unknown kind {body.kind!r} (tool_call, llm_call or local)")
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)

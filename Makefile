@@ -1,0 +1,29 @@
+# Two commands a fresh machine needs: `make dev` serves the kernel, `make test` runs every test.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+dev: $(STAMP)
+	$(BIN)/regent dev
+
+test: $(STAMP)
+	$(BIN)/ruff check kernel tests bench
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/regent bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check kernel tests bench
+	$(BIN)/mypy
+
+.PHONY: install dev test bench lint

@@ -1,0 +1,147 @@
+"""`regent serve | dev | migrate | bench | policy …`: parses flags, reads the environment once,
+renders results and picks exit codes. Library code never prints."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError as SettingsError
+from rich.console import Console
+
+from kernel.config import Settings
+from kernel.errors import ConfigError
+
+console = Console(stderr=True)
+
+
+def _settings(args: argparse.Namespace, **forced: object) -> Settings:
+    overrides = {k: v for k, v in forced.items() if v is not None}
+    for name in ("db_url", "host", "port", "config"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except SettingsError as exc:
+        raise ConfigError(f"invalid settings: {exc}") from None
+
+
+def _serve(settings: Settings) -> int:
+    import uvicorn
+
+    from kernel.bootstrap import build_runtime
+
+    rt = build_runtime(settings)
+    url = f"http://{settings.host}:{settings.port}"
+    console.print(f"[bold]regent[/] {'dev' if settings.dev else 'serve'} on [cyan]{url}[/]")
+    console.print(f"  store   {rt.store.dialect} {_redact(settings.db_url or '')}")
+    with rt.store.read() as tx:
+        agents = tx.list_agents()
+    console.print(f"  agents  {', '.join(a.id for a in agents) or '(none)'}")
+    if settings.dev:
+        console.print("  auth    anonymous client/admin calls allowed (dev); supplied tokens are checked")
+    try:
+        uvicorn.run(rt.app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                    access_log=False, lifespan="on")
+    finally:
+        rt.close()
+    return 0
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':')[0]}:***@{host}" if ":" in creds else url
+    return url
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    db = args.db_url or os.environ.get("REGENT_DB_URL") or "sqlite:///./regent.db"
+    config = args.config or os.environ.get("REGENT_CONFIG")
+    if config is None and os.path.exists("bundles/regent.yaml"):
+        config = "bundles/regent.yaml"
+    settings = _settings(args, dev=True, db_url=db, config=config)
+    return _serve(settings)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    missing = []
+    if not settings.db_url:
+        missing.append("a database URL (--db-url or REGENT_DB_URL)")
+    if settings.bearer_token is None or not settings.bearer_token.get_secret_value():
+        missing.append("a bootstrap bearer token (REGENT_BEARER_TOKEN)")
+    if missing:
+        raise ConfigError("regent serve needs " + " and ".join(missing))
+    return _serve(settings)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from kernel.store import open_store
+    from kernel.store.migrations import LATEST, migrate
+
+    settings = _settings(args)
+    if not settings.db_url:
+        raise ConfigError("regent migrate needs --db-url or REGENT_DB_URL")
+    store = open_store(settings.db_url)
+    try:
+        applied = migrate(store)
+    finally:
+        store.close()
+    for m in applied:
+        console.print(f"applied {m.version:03d} {m.name}")
+    console.print(f"schema at version {LATEST}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bench.run import main as bench_main  # type: ignore[import-not-found]
+
+    return int(bench_main(args.rest))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="regent", description="A policy-engine-centric durable kernel for AI agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def server_flags(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--db-url", dest="db_url", help="sqlite:///path or postgresql://… (REGENT_DB_URL)")
+        sp.add_argument("--host", help="listen address (REGENT_HOST, default 127.0.0.1)")
+        sp.add_argument("--port", type=int, help="listen port (REGENT_PORT, default 8080)")
+        sp.add_argument("--config", help="provisioning manifest (REGENT_CONFIG)")
+
+    sp = sub.add_parser("dev", help="serve on an embedded SQLite file with bundles/ loaded; no set-up")
+    server_flags(sp)
+    sp.set_defaults(fn=cmd_dev)
+    sp = sub.add_parser("serve", help="production server: needs a database URL and REGENT_BEARER_TOKEN")
+    server_flags(sp)
+    sp.set_defaults(fn=cmd_serve)
+    sp = sub.add_parser("migrate", help="apply pending schema migrations")
+    sp.add_argument("--db-url", dest="db_url")
+    sp.set_defaults(fn=cmd_migrate)
+    sp = sub.add_parser("bench", help="run the benchmarks (bench/), printing ratios side by side")
+    sp.add_argument("rest", nargs=argparse.REMAINDER)
+    sp.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("REGENT_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except ConfigError as exc:
+        console.print(f"[red]regent: {exc.message}[/]")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
