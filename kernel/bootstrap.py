@@ -52,7 +52,9 @@ def build_runtime(settings: Settings) -> Runtime:
     )
     if settings.auto_migrate:
         migrate(store)
-    kernel = build_kernel(settings, store)
+    from kernel.policy.resolver import BundleResolver
+
+    kernel = build_kernel(settings, store, policy=BundleResolver(store))
     token = settings.bearer_token.get_secret_value() if settings.bearer_token else None
     app = create_app(
         kernel,

@@ -1,0 +1,79 @@
+"""Policy admin use cases: store a bundle revision (compiled first), read, list, re-activate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kernel.core.kernel import Kernel
+from kernel.errors import NotFound, ValidationError
+from kernel.policy.resolver import compile_yaml, yaml_revision
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRevision:
+    agent_id: str
+    seq: int
+    kind: str
+    revision: str
+    content: str
+    active: bool
+    created_at: datetime
+
+
+def _to_revision(row: Any) -> PolicyRevision:
+    return PolicyRevision(row.agent_id, row.seq, row.kind, row.revision, row.content, bool(row.active),
+                          row.created_at)
+
+
+def compile_bundle(kind: str, content: str) -> str:
+    """Compile a bundle as the load gate; returns its revision. Raises ValidationError."""
+    if kind == "yaml":
+        revision = yaml_revision(content)
+        compile_yaml(content, revision)
+        return revision
+    raise ValidationError(f"validation error: unsupported bundle kind {kind!r}")
+
+
+def store_policy(k: Kernel, agent_id: str, kind: str, content: str) -> PolicyRevision | None:
+    """Validate and store a new active revision. Empty YAML text clears the policy (permissive)."""
+    with k.store.read() as tx:
+        if tx.get_agent(agent_id) is None:
+            raise NotFound(f"agent {agent_id!r} not found")
+    if kind == "yaml" and content == "":
+        with k.store.transaction() as tx:
+            tx.clear_policy(agent_id)
+        return None
+    revision = compile_bundle(kind, content)  # the active revision keeps deciding if this fails
+    with k.store.transaction() as tx:
+        active = tx.active_policy(agent_id)
+        if active is not None and active.kind == kind and active.content == content:
+            return _to_revision(active)  # same bundle again: no new revision
+        seq = tx.add_policy_revision(agent_id, kind, revision, content, k.clock.now())
+        return _to_revision(next(r for r in tx.list_policy_revisions(agent_id) if r.seq == seq))
+
+
+def active_policy(k: Kernel, agent_id: str) -> PolicyRevision:
+    with k.store.read() as tx:
+        if tx.get_agent(agent_id) is None:
+            raise NotFound(f"agent {agent_id!r} not found")
+        row = tx.active_policy(agent_id)
+    if row is None:
+        raise NotFound(f"agent {agent_id!r} has no policy bundle")
+    return _to_revision(row)
+
+
+def list_revisions(k: Kernel, agent_id: str) -> list[PolicyRevision]:
+    with k.store.read() as tx:
+        if tx.get_agent(agent_id) is None:
+            raise NotFound(f"agent {agent_id!r} not found")
+        return [_to_revision(r) for r in tx.list_policy_revisions(agent_id)]
+
+
+def activate_revision(k: Kernel, agent_id: str, seq: int) -> None:
+    with k.store.transaction() as tx:
+        if tx.get_agent(agent_id) is None:
+            raise NotFound(f"agent {agent_id!r} not found")
+        if not tx.activate_policy_revision(agent_id, seq):
+            raise NotFound(f"agent {agent_id!r} has no revision {seq}")
