@@ -13,7 +13,7 @@ MIN_LEASE_SECONDS = 10
 
 def validate_agent_fields(agent_id: str, webhook_url: str, secret: str) -> None:
     if not agent_id or len(agent_id.encode()) > 200 or agent_id.strip() != agent_id:
-        raise ValidationError("validation error: id must be 1–200 bytes with no surrounding spaces")
+        raise ValidationError("validation error: id must be 1-200 bytes with no surrounding spaces")
     u = urlparse(webhook_url)
     if u.scheme not in ("http", "https") or not u.netloc:
         raise ValidationError(f"validation error: webhook_url must be an http(s) URL, not {webhook_url!r}")

@@ -49,7 +49,7 @@ def _int_param(value: str | None, default: int, name: str, *, lo: int = 0, hi: i
     except ValueError:
         raise ValidationError(f"validation error: {name} must be an integer") from None
     if n < lo:
-        raise ValidationError(f"validation error: {name} must be ≥ {lo}")
+        raise ValidationError(f"validation error: {name} must be >= {lo}")
     return min(n, hi) if hi is not None else n
 
 
@@ -59,7 +59,7 @@ async def create_execution(request: Request) -> Response:
     await call(auth.principal, request, "executions:write")
     body = parse_model(CreateExecutionBody, await _body(request))
     if body.idempotency_key is not None and not 0 < len(body.idempotency_key) <= 200:
-        raise ValidationError("validation error: idempotency_key must be 1–200 characters")
+        raise ValidationError("validation error: idempotency_key must be 1-200 characters")
     e, created = await call(executions.create_execution, kernel_of(request), body.agent_id, body.input,
                             body.idempotency_key)
     return JSONResponse(execution_json(e), status_code=201 if created else 200)
