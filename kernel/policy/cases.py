@@ -1,0 +1,114 @@
+"""Policy test case files (`*.policytest.yaml`, Rebuno's format) and the case runner (rebuno-v0 §4).
+
+A library: it returns results and never prints; the CLI renders them and picks the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from kernel.domain import PolicyInput
+from kernel.errors import ValidationError
+from kernel.policy.resolver import CompiledBundle
+
+_FILE_KEYS = {"agent_id", "cases"}
+_CASE_KEYS = {"name", "agent_id", "kind", "target", "args", "expect", "expect_rule"}
+_KINDS = {"tool_call", "llm_call", "local"}
+_EXPECT = {"allow", "deny", "require_approval"}
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    target: str
+    name: str = ""
+    agent_id: str = ""
+    kind: str = "tool_call"
+    args: dict[str, Any] | None = None
+    expect: str = ""
+    expect_rule: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    case: Case
+    decision: str
+    rule_id: str
+    reason: str
+    passed: bool
+    failure: str = ""
+
+
+@dataclass
+class Report:
+    results: list[CaseResult] = field(default_factory=list)
+    unexercised_rules: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.results if not r.passed)
+
+
+def parse_cases(text: str, *, source: str = "<cases>", default_agent: str = "") -> list[Case]:
+    """Strict decoding: unknown keys and bad values name the file and the 1-based case."""
+    try:
+        doc = next(iter(yaml.safe_load_all(text)), None)
+    except yaml.YAMLError as exc:
+        raise ValidationError(f"{source}: {exc}") from None
+    if doc is None:
+        return []
+    if not isinstance(doc, dict):
+        raise ValidationError(f"{source}: a case file is a mapping with agent_id and cases")
+    unknown = set(doc) - _FILE_KEYS
+    if unknown:
+        raise ValidationError(f"{source}: unknown key {sorted(unknown)[0]!r}")
+    file_agent = doc.get("agent_id") or default_agent
+    out = []
+    for i, raw in enumerate(doc.get("cases") or [], start=1):
+        out.append(_case(raw, i, source, str(file_agent)))
+    return out
+
+
+def _case(raw: Any, i: int, source: str, file_agent: str) -> Case:
+    if not isinstance(raw, dict):
+        raise ValidationError(f"{source}: case {i}: a case is a mapping")
+    unknown = set(raw) - _CASE_KEYS
+    if unknown:
+        raise ValidationError(f"{source}: case {i}: unknown key {sorted(unknown)[0]!r}")
+    target = raw.get("target")
+    if not target or not isinstance(target, str):
+        raise ValidationError(f"{source}: case {i}: missing target")
+    kind = raw.get("kind") or "tool_call"
+    if kind not in _KINDS:
+        raise ValidationError(f'{source}: case {i}: unknown kind "{kind}"')
+    expect = raw.get("expect") or ""
+    if expect and expect not in _EXPECT:
+        raise ValidationError(f'{source}: case {i}: unknown expect "{expect}"')
+    args = raw.get("args")
+    if args is not None and not isinstance(args, dict):
+        raise ValidationError(f"{source}: case {i}: args must be a mapping")
+    return Case(target=target, name=str(raw.get("name") or ""), agent_id=str(raw.get("agent_id") or file_agent),
+                kind=kind, args=args, expect=str(expect), expect_rule=str(raw.get("expect_rule") or ""))
+
+
+def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ...] = ()) -> Report:
+    """Evaluate each case with the rule engine only (no rate limits, budgets or kernel guards)."""
+    report = Report()
+    seen: set[str] = set()
+    for c in cases:
+        # args are evaluated exactly like submitted args: JSON-serialised, then decoded.
+        args = json.loads(json.dumps(c.args, sort_keys=True)) if c.args is not None else None
+        d = bundle.evaluate(PolicyInput(agent_id=c.agent_id, kind=c.kind, target=c.target, args=args))
+        seen.add(d.rule_id)
+        got = d.verdict.value
+        failure = ""
+        if c.expect and got != c.expect:
+            failure = f"{got}, want {c.expect}"
+        elif c.expect_rule and d.rule_id != c.expect_rule:
+            failure = f"rule {d.rule_id}, want {c.expect_rule}"
+        report.results.append(CaseResult(c, got, d.rule_id, d.reason, not failure, failure))
+    report.unexercised_rules = [r for r in rule_ids if r not in seen]
+    return report
