@@ -1,0 +1,133 @@
+"""A compiled YAML bundle: first match in file order, then the fall-through table (§3.2, §3.5).
+
+Evaluation is pure and does no I/O. Rules whose target conditions are plain strings are indexed
+by target, so a step only visits the rules that could match it; the winner is still the first
+match in file order (the earliest indexed match bounds the scan of the unindexed rules).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kernel.domain.decision import Decision, PolicyInput, PolicyKind, Verdict
+from kernel.policy.yaml.lint import shadowed_rules
+from kernel.policy.yaml.predicate import args_decodable
+from kernel.policy.yaml.rule import Rule, RuleTrace
+
+__all__ = ["YamlBundle"]
+
+_NO_LIMIT = 1 << 62
+
+
+class YamlBundle:
+    """The rule engine for one YAML bundle revision. Build it with ``compile_yaml_bundle``."""
+
+    kind = PolicyKind.YAML
+    __slots__ = (
+        "_by_target",
+        "_default",
+        "_local",
+        "_unindexed",
+        "default_action",
+        "revision",
+        "rules",
+    )
+
+    def __init__(self, rules: tuple[Rule, ...], default_action: Verdict, revision: str) -> None:
+        self.rules = rules
+        self.default_action = default_action
+        self.revision = revision
+        if default_action is Verdict.ALLOW:
+            self._default = Decision(
+                Verdict.ALLOW,
+                "default",
+                "default allow",
+                policy_kind=PolicyKind.YAML,
+                policy_revision=revision,
+            )
+        else:
+            self._default = Decision(
+                Verdict.DENY,
+                "default",
+                "no explicit allow rule matched",
+                policy_kind=PolicyKind.YAML,
+                policy_revision=revision,
+            )
+        self._local = Decision(
+            Verdict.ALLOW,
+            "local",
+            "local step",
+            policy_kind=PolicyKind.YAML,
+            policy_revision=revision,
+        )
+        by_target: dict[str, list[Rule]] = {}
+        unindexed: list[Rule] = []
+        for rule in rules:
+            literals = rule.literal_targets
+            if literals is None:
+                unindexed.append(rule)
+            else:
+                for literal in literals:
+                    by_target.setdefault(literal, []).append(rule)
+        self._by_target = {target: tuple(group) for target, group in by_target.items()}
+        self._unindexed = tuple(unindexed)
+
+    @property
+    def rule_ids(self) -> tuple[str, ...]:
+        return tuple(rule.id for rule in self.rules)
+
+    def evaluate(self, inp: PolicyInput) -> Decision:
+        """The decision for one step. Never raises for a deny; a plain deny leaves ``reason``
+        empty so the kernel can fill in ``policy_denied``."""
+        winner = None
+        indexed = self._by_target.get(inp.target)
+        if indexed:
+            winner = _first_match(indexed, inp, _NO_LIMIT)
+        found = _first_match(self._unindexed, inp, winner.index if winner else _NO_LIMIT)
+        if found is not None:
+            winner = found
+        if winner is not None:
+            return winner.decision
+        if inp.kind == "local":
+            return self._local
+        return self._default
+
+    def explain(self, inp: PolicyInput) -> list[RuleTrace]:
+        """Every rule in file order: whether it matched, and the first condition that failed."""
+        args_ok = args_decodable(inp.args)
+        traces: list[RuleTrace] = []
+        selected = False
+        for rule in self.rules:
+            failure = rule.first_failure(inp, args_ok)
+            if failure is None:
+                traces.append(RuleTrace(rule.id, rule.line, True, selected=not selected))
+                selected = True
+            else:
+                traces.append(
+                    RuleTrace(rule.id, rule.line, False, failed=failure[0], detail=failure[1])
+                )
+        return traces
+
+    def shadowed_rules(self) -> list[tuple[str, str]]:
+        """``(rule_id, shadowing_rule_id)`` for rules an earlier rule always pre-empts (sound:
+        only reported when every input the later rule matches is certain to match the earlier)."""
+        return shadowed_rules(self.rules)
+
+    def __repr__(self) -> str:
+        return f"YamlBundle(rules={len(self.rules)}, default_action={self.default_action.value!r}, revision={self.revision!r})"
+
+
+def _first_match(rules: Iterable[Rule], inp: PolicyInput, limit: int) -> Rule | None:
+    args_ok: bool | None = None
+    for rule in rules:
+        if rule.index >= limit:
+            return None
+        if not rule.head(inp):
+            continue
+        if rule.predicates:
+            if args_ok is None:
+                args_ok = args_decodable(inp.args)
+            if not args_ok or not rule.args_match(inp.args):
+                continue
+        return rule
+    return None

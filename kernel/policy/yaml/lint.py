@@ -1,0 +1,106 @@
+"""Static lint: rules that can never win because an earlier rule always matches first.
+
+Sound, not complete: a pair is reported only when every input the later rule matches provably
+matches the earlier one (same or wider step kind, agents, targets and argument predicates). A rule
+that is unreachable for subtler reasons is not reported.
+"""
+
+from __future__ import annotations
+
+from kernel.policy.yaml.glob import Glob
+from kernel.policy.yaml.predicate import Predicate
+from kernel.policy.yaml.rule import Rule
+
+__all__ = ["covers", "shadowed_rules"]
+
+
+def shadowed_rules(rules: tuple[Rule, ...]) -> list[tuple[str, str]]:
+    """``(rule_id, shadowing_rule_id)`` in file order, naming the first earlier rule that covers it."""
+    found: list[tuple[str, str]] = []
+    catch_all: Rule | None = None
+    by_target: dict[str, list[Rule]] = {}
+    unindexed: list[Rule] = []
+    for rule in rules:
+        shadow = next((a for a in _candidates(rule, by_target, unindexed) if covers(a, rule)), None)
+        if shadow is not None:
+            found.append((rule.id, shadow.id))
+        if catch_all is not None:
+            continue  # rules after a catch-all can only be covered by it or by earlier rules
+        if not rule.has_conditions:
+            catch_all = rule
+        literals = rule.literal_targets
+        if literals is None:
+            unindexed.append(rule)
+        else:
+            for literal in literals:
+                by_target.setdefault(literal, []).append(rule)
+    return found
+
+
+def _candidates(rule: Rule, by_target: dict[str, list[Rule]], unindexed: list[Rule]) -> list[Rule]:
+    # An earlier rule limited to literal targets can only cover a rule whose targets are all
+    # among them; looking only there keeps the lint near-linear for literal-target bundles.
+    literals = rule.literal_targets
+    if not literals:
+        return unindexed
+    groups = [{a.index: a for a in by_target.get(t, ())} for t in literals]
+    common = set(groups[0]).intersection(*groups[1:])
+    return sorted([groups[0][i] for i in common] + unindexed, key=lambda a: a.index)
+
+
+def covers(a: Rule, b: Rule) -> bool:
+    """Whether every input matching ``b`` certainly matches ``a``."""
+    if a.step_kind and a.step_kind != b.step_kind:
+        return False
+    agents_a, agents_b = _agents(a), _agents(b)
+    if agents_a is not None and (agents_b is None or not agents_b <= agents_a):
+        return False
+    if a.target is not None and not _target_condition_covered((a.target,), b):
+        return False
+    if a.targets and not _target_condition_covered(a.targets, b):
+        return False
+    for pa in a.predicates:
+        pb = next((p for p in b.predicates if p.key == pa.key), None)
+        if pb is None or not _implies(pb, pa):
+            return False
+    return True
+
+
+def _agents(rule: Rule) -> frozenset[str] | None:
+    if rule.agent_id and rule.agent_ids:
+        return frozenset((rule.agent_id,)) & frozenset(rule.agent_ids)
+    if rule.agent_id:
+        return frozenset((rule.agent_id,))
+    if rule.agent_ids:
+        return frozenset(rule.agent_ids)
+    return None
+
+
+def _target_condition_covered(any_of: tuple[Glob, ...], b: Rule) -> bool:
+    """Whether every target ``b`` can match matches one of the globs ``any_of``."""
+    if any(g.universal for g in any_of):
+        return True
+    literals = b.literal_targets  # a superset of what b matches, so checking it is sound
+    if literals is not None:
+        return all(any(g.match(t) for g in any_of) for t in literals)
+    patterns = {g.pattern for g in any_of}
+    if b.target is not None and b.target.pattern in patterns:
+        return True
+    return bool(b.targets) and all(g.pattern in patterns for g in b.targets)
+
+
+def _implies(pb: Predicate, pa: Predicate) -> bool:
+    """Whether every value text ``pb`` accepts is accepted by ``pa``."""
+    if pb.equals:
+        values: tuple[str, ...] | None = (pb.equals,)
+    elif pb.one_of:
+        values = pb.one_of
+    else:
+        values = None
+    if values is not None:
+        return all(pa.accepts(v) for v in values if pb.accepts(v))
+    if pa.equals or pa.one_of:
+        return False
+    if pa.contains and pa.contains not in pb.contains:
+        return False
+    return not pa.regex or pa.regex == pb.regex

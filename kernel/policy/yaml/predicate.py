@@ -1,0 +1,151 @@
+"""Argument predicates (rebuno-v0.md §3.4): Go `%v` formatting of decoded JSON, and constraints.
+
+Rebuno decodes `args` into Go's `map[string]any` (numbers become float64) and formats each value
+with `fmt.Sprintf("%v", v)`; the constraints then compare strings. This module reproduces that
+formatting exactly and compiles each constraint once, at load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+__all__ = ["Predicate", "args_decodable", "format_float", "format_value"]
+
+
+def format_value(value: Any) -> str:
+    """Format a decoded JSON value the way Go's ``%v`` formats it after ``json.Unmarshal``.
+
+    Iterative, so arbitrarily deep values cannot exhaust the Python stack.
+    """
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, (dict, list, tuple)):
+        return _format_scalar(value)
+    out: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):  # a string value or a piece of punctuation: both print as-is
+            out.append(item)
+        elif isinstance(item, dict):
+            parts: list[Any] = ["map["]
+            for i, key in enumerate(sorted(item)):
+                if i:
+                    parts.append(" ")
+                parts.append(f"{key}:")
+                parts.append(item[key])
+            parts.append("]")
+            stack.extend(reversed(parts))
+        elif isinstance(item, (list, tuple)):
+            parts = ["["]
+            for i, element in enumerate(item):
+                if i:
+                    parts.append(" ")
+                parts.append(element)
+            parts.append("]")
+            stack.extend(reversed(parts))
+        else:
+            out.append(_format_scalar(item))
+    return "".join(out)
+
+
+def _format_scalar(value: Any) -> str:
+    if value is None:
+        return "<nil>"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, (int, float, Decimal)):  # Decimal: args decoded with parse_float=Decimal
+        try:
+            return format_float(float(value))
+        except OverflowError:
+            return "+Inf" if value > 0 else "-Inf"
+    return str(value)
+
+
+def format_float(f: float) -> str:
+    """Go's ``strconv.FormatFloat(f, 'g', -1, 64)``: shortest round-trip digits, exponent form
+    when the decimal exponent is < -4 or >= 6 (the shortest-precision threshold is 6, not 21)."""
+    if math.isnan(f):
+        return "NaN"
+    if math.isinf(f):
+        return "+Inf" if f > 0 else "-Inf"
+    sign = "-" if math.copysign(1.0, f) < 0 else ""
+    if f == 0:
+        return sign + "0"
+    # repr() gives the same shortest round-trip digits as Go; re-lay them out with Go's rule.
+    mantissa, _, exponent = repr(abs(f)).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = whole + fraction
+    stripped = digits.lstrip("0")
+    point = (
+        len(whole) + int(exponent or 0) - (len(digits) - len(stripped))
+    )  # value = 0.DIGITS * 10**point
+    digits = stripped.rstrip("0")
+    exp = point - 1
+    if exp < -4 or exp >= 6:
+        rest = digits[1:]
+        body = digits[0] + ("." + rest if rest else "")
+        return f"{sign}{body}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return sign + digits + "0" * (point - len(digits))
+    return f"{sign}{digits[:point]}.{digits[point:]}"
+
+
+def args_decodable(args: Any) -> bool:
+    """Whether Go would decode ``args`` into ``map[string]any`` at all: it must be an object, and
+    every number must fit a finite float64 (``1e400`` or a huge integer fails the whole decode)."""
+    if not isinstance(args, dict):
+        return False
+    stack: list[Any] = [args]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, (float, Decimal)):
+            if not math.isfinite(item):  # a Decimal too large for float64 converts to inf
+                return False
+        elif isinstance(item, int) and not isinstance(item, bool):
+            try:
+                float(item)
+            except OverflowError:
+                return False
+    return True
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Predicate:
+    """One compiled ``arguments.<key>`` predicate. Empty/None constraints are unset."""
+
+    key: str
+    line: int
+    equals: str = ""
+    contains: str = ""
+    one_of: tuple[str, ...] = ()
+    regex: str = ""
+    one_of_set: frozenset[str] = frozenset()
+    search: Callable[[str], bool] | None = None
+
+    def first_failure(self, text: str) -> str | None:
+        """The first constraint ``text`` fails (``equals``, ``contains``, ``one_of``, ``regex``)."""
+        if self.equals and text != self.equals:
+            return "equals"
+        if self.contains and self.contains not in text:
+            return "contains"
+        if self.one_of and text not in self.one_of_set:
+            return "one_of"
+        if self.search is not None and not self.search(text):
+            return "regex"
+        return None
+
+    def accepts(self, text: str) -> bool:
+        return self.first_failure(text) is None
