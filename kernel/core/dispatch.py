@@ -109,8 +109,7 @@ def record_delivery(k: Kernel, claim: Claim, ok: bool, detail: str | None = None
         tx.append(ex.id, now, [ev.dispatch(EventType.DISPATCH_FAILED, claim.dispatch_id, ex.id, "failed",
                                            claim.attempt, error=detail)])
         d = tx.get_dispatch(claim.dispatch_id)
-        live = d is not None and d.status == DispatchStatus.IN_FLIGHT and d.attempt == claim.attempt
-        if not live or ex.status.is_terminal:
+        if d is None or d.status != DispatchStatus.IN_FLIGHT or d.attempt != claim.attempt or ex.status.is_terminal:
             return  # the delivery lost its row meanwhile (blocked, parked, finished): verdict dropped
         if claim.attempt >= d.max_attempts:
             _fail_exhausted(tx, ex.id, now)
