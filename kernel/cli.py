@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("bench", help="run the benchmarks (bench/), printing ratios side by side")
     sp.add_argument("rest", nargs=argparse.REMAINDER)
     sp.set_defaults(fn=cmd_bench)
+    from kernel.cli_policy import add_commands
+
+    add_commands(sub)
     return p
 
 
