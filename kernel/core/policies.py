@@ -7,8 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from kernel.core.kernel import Kernel
-from kernel.errors import NotFound, ValidationError
-from kernel.policy.resolver import compile_yaml, yaml_revision
+from kernel.errors import NotFound
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,15 +26,6 @@ def _to_revision(row: Any) -> PolicyRevision:
                           row.created_at)
 
 
-def compile_bundle(kind: str, content: str) -> str:
-    """Compile a bundle as the load gate; returns its revision. Raises ValidationError."""
-    if kind == "yaml":
-        revision = yaml_revision(content)
-        compile_yaml(content, revision)
-        return revision
-    raise ValidationError(f"validation error: unsupported bundle kind {kind!r}")
-
-
 def store_policy(k: Kernel, agent_id: str, kind: str, content: str) -> PolicyRevision | None:
     """Validate and store a new active revision. Empty YAML text clears the policy (permissive)."""
     with k.store.read() as tx:
@@ -45,7 +35,7 @@ def store_policy(k: Kernel, agent_id: str, kind: str, content: str) -> PolicyRev
         with k.store.transaction() as tx:
             tx.clear_policy(agent_id)
         return None
-    revision = compile_bundle(kind, content)  # the active revision keeps deciding if this fails
+    revision = k.policy.check(kind, content)  # the active revision keeps deciding if this fails
     with k.store.transaction() as tx:
         active = tx.active_policy(agent_id)
         if active is not None and active.kind == kind and active.content == content:

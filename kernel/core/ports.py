@@ -17,12 +17,21 @@ class PolicyResolver(Protocol):
 
     def decide(self, inp: PolicyInput) -> Decision: ...
 
+    def check(self, kind: str, content: str) -> str:
+        """The load gate: compile without storing; returns the revision or raises ValidationError."""
+        ...
+
 
 class PermissiveResolver:
     """No bundles at all: every step is allowed with rule id `permissive`."""
 
     def decide(self, inp: PolicyInput) -> Decision:
         return Decision.permissive()
+
+    def check(self, kind: str, content: str) -> str:
+        from kernel.errors import ValidationError
+
+        raise ValidationError("validation error: this kernel has no policy engines")
 
 
 @dataclass(frozen=True, slots=True)

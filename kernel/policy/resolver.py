@@ -4,6 +4,7 @@ no bundle → permissive; any fault → deny `bundle-error` (fail closed). Never
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 
 from kernel.domain import Decision, PolicyInput, Verdict
 from kernel.domain.decision import PolicyKind
+from kernel.errors import ValidationError
 from kernel.store import SqlStore
 
 log = logging.getLogger("kernel.policy")
@@ -35,14 +37,82 @@ def compile_yaml(content: str, revision: str) -> CompiledBundle:
     return compile_yaml_bundle(content, revision=revision)
 
 
+class RegoCompiled:
+    """A Rego bundle bound to the engine (worker pool) that evaluates it."""
+
+    def __init__(self, bundle: Any, engine: Any):
+        self.bundle = bundle
+        self.engine = engine
+        self.revision = bundle.revision
+
+    def evaluate(self, inp: PolicyInput) -> Decision:
+        return self.engine.evaluate(self.bundle, inp)  # type: ignore[no-any-return]
+
+
+class LazyRegoEngine:
+    """Starts the Rego worker pool on first use, so kernels without Rego bundles spawn nothing."""
+
+    def __init__(self, size: int = 2, timeout: float = 0.25):
+        self.size = size
+        self.timeout = timeout
+        self._engine: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        with self._lock:
+            if self._engine is None:
+                from kernel.policy.rego import RegoEngine
+
+                self._engine = RegoEngine(size=self.size, timeout=self.timeout)
+            return self._engine
+
+    def close(self) -> None:
+        with self._lock:
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
+
+
+def parse_rego_content(content: str) -> Any:
+    """Stored Rego content is the JSON mapping {modules, data, manifest}."""
+    from kernel.policy.rego import parse_rego_bundle
+
+    try:
+        mapping = json.loads(content)
+    except ValueError as exc:
+        raise ValidationError(f"invalid policy bundle: not a JSON bundle: {exc}") from None
+    return parse_rego_bundle(mapping)
+
+
 class BundleResolver:
     """Reads the agent's active revision (one indexed lookup) and evaluates its compiled bundle."""
 
-    def __init__(self, store: SqlStore, compilers: dict[str, Compiler] | None = None):
+    def __init__(self, store: SqlStore, compilers: dict[str, Compiler] | None = None,
+                 rego: LazyRegoEngine | None = None):
         self.store = store
-        self.compilers: dict[str, Compiler] = compilers or {"yaml": compile_yaml}
+        self.rego = rego or LazyRegoEngine()
+        self.compilers: dict[str, Compiler] = compilers or {"yaml": compile_yaml, "rego": self._compile_rego}
         self._cache: dict[tuple[str, int], CompiledBundle | Exception] = {}
         self._lock = threading.Lock()
+
+    def _compile_rego(self, content: str, revision: str) -> CompiledBundle:
+        return RegoCompiled(parse_rego_content(content), self.rego.get())
+
+    def check(self, kind: str, content: str) -> str:
+        """The load gate: compile a bundle without storing it; returns its revision."""
+        if kind == "yaml":
+            revision = yaml_revision(content)
+            compile_yaml(content, revision)
+            return revision
+        if kind == "rego":
+            from kernel.policy.rego import compile_rego_bundle
+
+            bundle = compile_rego_bundle(parse_rego_content(content), engine=self.rego.get())
+            return str(bundle.revision)
+        raise ValidationError(f"validation error: unsupported bundle kind {kind!r} (yaml or rego)")
+
+    def close(self) -> None:
+        self.rego.close()
 
     def decide(self, inp: PolicyInput) -> Decision:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -14,13 +15,27 @@ from kernel.api.routes.client import _body
 from kernel.clock import rfc3339
 from kernel.core import policies
 from kernel.core.policies import PolicyRevision
+from kernel.errors import ValidationError
 
 router = APIRouter()
 
 
 class StoreBody(Strict):
-    bundle: str = ""
+    # YAML: the bundle text. Rego: {"modules": {path: source}, "data": {...}, "manifest": {...}}.
+    bundle: str | dict[str, Any] = ""
     kind: str = "yaml"
+
+
+_TARBALL_TYPES = ("application/gzip", "application/x-gzip", "application/x-tar", "application/octet-stream")
+
+
+def _rego_content(mapping_or_bundle: Any) -> str:
+    """Stored Rego content: the canonical JSON mapping of the bundle."""
+    from kernel.policy.rego import parse_rego_bundle
+
+    b = mapping_or_bundle if hasattr(mapping_or_bundle, "modules") else parse_rego_bundle(mapping_or_bundle)
+    return json.dumps({"modules": dict(b.modules), "data": b.data, "manifest": b.manifest},
+                      sort_keys=True, ensure_ascii=False)
 
 
 def _json(r: PolicyRevision, with_content: bool = True) -> dict[str, Any]:
@@ -33,15 +48,31 @@ def _json(r: PolicyRevision, with_content: bool = True) -> dict[str, Any]:
         "created_at": rfc3339(r.created_at),
     }
     if with_content:
-        out["bundle"] = r.content
+        out["bundle"] = json.loads(r.content) if r.kind == "rego" else r.content
     return out
 
 
 @router.post("/v0/policies/{agent_id}")
 async def store_policy(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write")
-    body = parse_model(StoreBody, await _body(request), allow_empty=True)
-    await call(policies.store_policy, kernel_of(request), agent_id, body.kind, body.bundle)
+    raw = await _body(request)
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype in _TARBALL_TYPES:
+        from kernel.policy.rego import parse_rego_tarball
+
+        kind, content = "rego", await call(lambda: _rego_content(parse_rego_tarball(raw, origin="upload")))
+    else:
+        body = parse_model(StoreBody, raw, allow_empty=True)
+        kind = body.kind
+        if isinstance(body.bundle, dict):
+            if kind != "rego":
+                raise ValidationError('validation error: an object bundle needs "kind": "rego"')
+            content = _rego_content(body.bundle)
+        elif kind == "rego":
+            raise ValidationError("validation error: a Rego bundle is an object {modules, data, manifest} or a .tar.gz upload")
+        else:
+            content = body.bundle
+    await call(policies.store_policy, kernel_of(request), agent_id, kind, content)
     return Response(status_code=204)
 
 

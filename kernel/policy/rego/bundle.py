@@ -1,0 +1,441 @@
+"""Rego bundles in OPA's layout, from a directory, a `.tar.gz` or an in-memory mapping.
+
+A bundle is `.manifest` (revision, roots, metadata.regent.{entrypoint, default_action}), `*.rego`
+modules (`*_test.rego` skipped) and `data.json` / `data.yaml` files whose directory is their data
+path, as in OPA. Loading checks structure only; `gate.compile_rego_bundle` is the load gate.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import posixpath
+import re
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kernel.domain.decision import Verdict
+from kernel.errors import ValidationError
+
+from .scan import ModuleScan, scan_module
+
+__all__ = [
+    "MAX_BUNDLE_BYTES",
+    "MAX_BUNDLE_FILES",
+    "RegoBundle",
+    "bundle_error",
+    "load_rego_bundle",
+    "parse_rego_bundle",
+    "parse_rego_tarball",
+]
+
+MAX_BUNDLE_BYTES = 4 * 1024 * 1024  # every file of the bundle, uncompressed
+MAX_BUNDLE_FILES = 1000
+# A tarball may not expand past this (headers and padding on top of the files themselves).
+_MAX_TAR_BYTES = 2 * MAX_BUNDLE_BYTES + 1024 * MAX_BUNDLE_FILES
+_DATA_FILES = ("data.json", "data.yaml", "data.yml")
+_MANIFEST_KEYS = {"revision", "roots", "metadata", "rego_version", "wasm"}
+_REGENT_KEYS = {"entrypoint", "default_action"}
+_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def bundle_error(problems: list[str] | str) -> ValidationError:
+    lines = [problems] if isinstance(problems, str) else problems
+    return ValidationError(
+        "invalid policy bundle: " + "\n".join(lines), details={"problems": lines}
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class RegoBundle:
+    """A Rego bundle's content. `digest` (SHA-256 of the canonical content) keys compiled copies;
+    `revision` is what decisions record (the manifest's, else the digest). Bundles are equal
+    when their content is."""
+
+    modules: Mapping[str, str]  # bundle path → Rego source
+    data: dict[str, Any]
+    manifest: dict[str, Any]
+    revision: str
+    digest: str
+    roots: tuple[str, ...]
+    entrypoint: str  # "shell/decision"
+    default_action: Verdict
+    size_bytes: int
+    origin: str = ""  # directory or tarball path it came from, "" for a mapping
+    from_directory: bool = field(default=False, repr=False)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RegoBundle) and other.digest == self.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def display_path(self, file: str) -> str:
+        """How problems name a bundle file: under its directory when loaded from one."""
+        return os.path.join(self.origin, file) if self.from_directory else file
+
+    @cached_property
+    def scans(self) -> dict[str, ModuleScan]:
+        return {path: scan_module(source) for path, source in self.modules.items()}
+
+    @cached_property
+    def worker_payload(self) -> bytes:
+        """What a worker needs to compile this bundle (see worker.Worker.load)."""
+        names = sorted({c.name for s in self.scans.values() for c in s.calls})
+        return json.dumps(
+            {
+                "key": self.digest,
+                "modules": dict(self.modules),
+                "data": self.data,
+                "entrypoint": self.entrypoint,
+                "names": names,
+            },
+            ensure_ascii=False,
+        ).encode("utf-8")
+
+
+def load_rego_bundle(path: str | os.PathLike[str]) -> RegoBundle:
+    """Read a bundle directory or tarball from disk; raises ValidationError."""
+    p = Path(path)
+    if p.is_dir():
+        return _from_directory(p)
+    if not p.is_file():
+        raise bundle_error(f"{p}: no such bundle directory or tarball")
+    if p.stat().st_size > _MAX_TAR_BYTES:
+        raise bundle_error(f"{p}: tarball is larger than {_MAX_TAR_BYTES} bytes")
+    return parse_rego_tarball(p.read_bytes(), origin=str(p))
+
+
+def parse_rego_bundle(mapping: Mapping[str, Any]) -> RegoBundle:
+    """A bundle given in memory: {"modules": {path: source}, "data": {...}, "manifest": {...}}."""
+    if not isinstance(mapping, Mapping):
+        raise bundle_error("a bundle must be an object with modules, data and manifest")
+    problems = [
+        f"unknown bundle key {k!r}" for k in mapping if k not in ("modules", "data", "manifest")
+    ]
+    modules_in = mapping.get("modules") or {}
+    data = mapping.get("data") or {}
+    manifest = mapping.get("manifest") or {}
+    if not isinstance(modules_in, Mapping):
+        problems.append("modules must be an object of path → Rego source")
+        modules_in = {}
+    if not isinstance(data, dict):
+        problems.append("data must be an object")
+        data = {}
+    if not isinstance(manifest, dict):
+        problems.append("manifest must be an object")
+        manifest = {}
+    modules: dict[str, str] = {}
+    for raw_path, source in modules_in.items():
+        path = _safe_path(raw_path, problems)
+        if path is None:
+            continue
+        if not path.endswith(".rego"):
+            problems.append(f"{path}: module paths must end in .rego")
+        elif not isinstance(source, str):
+            problems.append(f"{path}: module source must be a string")
+        elif not path.endswith("_test.rego"):
+            modules[path] = source
+    size = sum(len(s.encode("utf-8")) for s in modules.values()) + len(_canonical(data))
+    return _build(modules, data, manifest, size, problems, origin="")
+
+
+def parse_rego_tarball(raw: bytes, *, origin: str = "") -> RegoBundle:
+    """A `.tar.gz` (or plain `.tar`) bundle, read in memory; nothing is written to disk."""
+    name = origin or "tarball"
+    try:
+        if raw[:2] == b"\x1f\x8b":
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+                raw = gz.read(_MAX_TAR_BYTES + 1)
+    except (OSError, EOFError) as exc:
+        raise bundle_error(f"{name}: not a gzip file ({exc})") from None
+    if len(raw) > _MAX_TAR_BYTES:
+        raise bundle_error(f"{name}: bundle expands past {_MAX_TAR_BYTES} bytes")
+    files: dict[str, bytes] = {}
+    problems: list[str] = []
+    total = 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+            for count, member in enumerate(tar, start=1):
+                if count > MAX_BUNDLE_FILES:
+                    raise bundle_error(f"{name}: more than {MAX_BUNDLE_FILES} entries")
+                path = _safe_path(member.name, problems, allow_dot=True)
+                if path is None:
+                    continue
+                if member.isdir():
+                    continue
+                if not member.isfile():
+                    problems.append(f"{path}: links and special files are not allowed in a bundle")
+                    continue
+                total += member.size
+                if total > MAX_BUNDLE_BYTES:
+                    raise bundle_error(f"{name}: bundle is larger than {MAX_BUNDLE_BYTES} bytes")
+                if path in files:
+                    problems.append(f"{path}: appears twice in the tarball")
+                    continue
+                extracted = tar.extractfile(member)
+                files[path] = extracted.read() if extracted else b""
+    except tarfile.TarError as exc:
+        raise bundle_error(f"{name}: not a readable tarball ({exc})") from None
+    if problems:
+        raise bundle_error(problems)
+    return _from_files(_strip_top_directory(files), origin=origin, from_directory=False)
+
+
+def _from_directory(root: Path) -> RegoBundle:
+    files: dict[str, bytes] = {}
+    problems: list[str] = []
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        for d in list(dirnames):
+            if (Path(dirpath) / d).is_symlink():
+                problems.append(
+                    f"{(Path(dirpath) / d).relative_to(root)}: symlinks are not allowed"
+                )
+                dirnames.remove(d)
+        for fname in sorted(filenames):
+            full = Path(dirpath) / fname
+            rel = full.relative_to(root).as_posix()
+            if full.is_symlink():
+                problems.append(f"{rel}: symlinks are not allowed")
+                continue
+            if not full.is_file():
+                continue
+            if len(files) >= MAX_BUNDLE_FILES:
+                raise bundle_error(f"{root}: more than {MAX_BUNDLE_FILES} files")
+            total += full.stat().st_size
+            if total > MAX_BUNDLE_BYTES:
+                raise bundle_error(f"{root}: bundle is larger than {MAX_BUNDLE_BYTES} bytes")
+            if _wanted(rel):
+                files[rel] = full.read_bytes()
+    if problems:
+        raise bundle_error(problems)
+    return _from_files(files, origin=str(root), from_directory=True)
+
+
+def _wanted(path: str) -> bool:
+    base = posixpath.basename(path)
+    return (
+        path == ".manifest"
+        or (base.endswith(".rego") and not base.endswith("_test.rego"))
+        or base in _DATA_FILES
+    )
+
+
+def _strip_top_directory(files: dict[str, bytes]) -> dict[str, bytes]:
+    """`tar czf shell.tar.gz shell/` puts everything under `shell/`: that directory is the bundle."""
+    if ".manifest" in files or not files:
+        return files
+    tops = {p.split("/", 1)[0] for p in files}
+    if len(tops) == 1 and all("/" in p for p in files):
+        top = tops.pop() + "/"
+        return {p[len(top) :]: v for p, v in files.items()}
+    return files
+
+
+def _from_files(files: dict[str, bytes], *, origin: str, from_directory: bool) -> RegoBundle:
+    problems: list[str] = []
+    manifest: dict[str, Any] = {}
+    modules: dict[str, str] = {}
+    data: dict[str, Any] = {}
+    size = sum(len(v) for v in files.values())
+    for path in sorted(files):
+        raw = files[path]
+        if not _wanted(path):
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append(f"{path}: not UTF-8 text")
+            continue
+        if path == ".manifest":
+            try:
+                manifest = json.loads(text)
+            except ValueError as exc:
+                problems.append(f".manifest: not valid JSON ({exc})")
+                continue
+            if not isinstance(manifest, dict):
+                problems.append(".manifest: must be a JSON object")
+                manifest = {}
+        elif path.endswith(".rego"):
+            modules[path] = text
+        else:
+            try:
+                value = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+            except (ValueError, yaml.YAMLError) as exc:
+                problems.append(f"{path}: cannot be parsed ({' '.join(str(exc).split())})")
+                continue
+            if value is None:
+                continue
+            prefix = [s for s in posixpath.dirname(path).split("/") if s]
+            _merge_at(data, prefix, value, path, problems)
+    return _build(
+        modules, data, manifest, size, problems, origin=origin, from_directory=from_directory
+    )
+
+
+def _merge_at(
+    data: dict[str, Any], prefix: list[str], value: Any, path: str, problems: list[str]
+) -> None:
+    node = data
+    for seg in prefix:
+        nxt = node.setdefault(seg, {})
+        if not isinstance(nxt, dict):
+            problems.append(
+                f"{path}: data path {'/'.join(prefix)} conflicts with another data file"
+            )
+            return
+        node = nxt
+    if not prefix and not isinstance(value, dict):
+        problems.append(f"{path}: a root data file must hold an object")
+        return
+    if not isinstance(value, dict):
+        problems.append(f"{path}: data files must hold an object")
+        return
+    _deep_merge(node, value, path, prefix, problems)
+
+
+def _deep_merge(
+    into: dict[str, Any], value: dict[str, Any], path: str, at: list[str], problems: list[str]
+) -> None:
+    for k, v in value.items():
+        if not isinstance(k, str):
+            problems.append(f"{path}: data keys must be strings (got {k!r})")
+            continue
+        if k in into:
+            if isinstance(into[k], dict) and isinstance(v, dict):
+                _deep_merge(into[k], v, path, [*at, k], problems)
+            else:
+                problems.append(f"{path}: data at {'/'.join([*at, k])} is defined twice")
+        else:
+            into[k] = v
+
+
+def _build(
+    modules: dict[str, str],
+    data: dict[str, Any],
+    manifest: dict[str, Any],
+    size: int,
+    problems: list[str],
+    *,
+    origin: str,
+    from_directory: bool = False,
+) -> RegoBundle:
+    if size > MAX_BUNDLE_BYTES:
+        problems.append(f"bundle is larger than {MAX_BUNDLE_BYTES} bytes ({size})")
+    for path, source in modules.items():
+        if "\x00" in source:
+            problems.append(f"{path}: contains a NUL character")
+    try:
+        _canonical(data)
+    except (TypeError, ValueError) as exc:
+        problems.append(f"data is not JSON-compatible ({exc})")
+        data = {}
+    roots, entrypoint, default_action, revision = _manifest_fields(manifest, problems)
+    if problems:
+        raise bundle_error(problems)
+    digest = hashlib.sha256(
+        _canonical({"modules": modules, "data": data, "manifest": manifest})
+    ).hexdigest()
+    return RegoBundle(
+        modules=dict(sorted(modules.items())),
+        data=data,
+        manifest=manifest,
+        revision=revision or digest,
+        digest=digest,
+        roots=roots,
+        entrypoint=entrypoint,
+        default_action=default_action,
+        size_bytes=size,
+        origin=origin,
+        from_directory=from_directory,
+    )
+
+
+def _manifest_fields(
+    manifest: dict[str, Any], problems: list[str]
+) -> tuple[tuple[str, ...], str, Verdict, str]:
+    for key in manifest:
+        if key not in _MANIFEST_KEYS:
+            problems.append(f".manifest: unknown key {key!r}")
+    if manifest.get("rego_version", 1) != 1:
+        problems.append(".manifest: only Rego v1 bundles are supported (rego_version 1)")
+    revision = manifest.get("revision", "")
+    if not isinstance(revision, str):
+        problems.append(".manifest: revision must be a string")
+        revision = ""
+    raw_roots = manifest.get("roots", [""])
+    roots: tuple[str, ...] = ()
+    if not isinstance(raw_roots, list) or not all(isinstance(r, str) for r in raw_roots):
+        problems.append(".manifest: roots must be a list of strings")
+    else:
+        roots = tuple(r.strip("/") for r in raw_roots)
+    metadata = manifest.get("metadata", {})
+    regent = metadata.get("regent", {}) if isinstance(metadata, dict) else None
+    if not isinstance(metadata, dict) or not isinstance(regent, dict):
+        problems.append(".manifest: metadata.regent must be an object")
+        regent = {}
+    for key in regent:
+        if key not in _REGENT_KEYS:
+            problems.append(f".manifest: unknown key metadata.regent.{key}")
+    action = regent.get("default_action", "deny")
+    if action in ("", None):
+        action = "deny"
+    if action not in ("allow", "deny"):
+        problems.append(
+            f'.manifest: metadata.regent.default_action must be "allow" or "deny", not {action!r}'
+        )
+        action = "deny"
+    entrypoint = regent.get("entrypoint", "")
+    if not isinstance(entrypoint, str):
+        problems.append(".manifest: metadata.regent.entrypoint must be a string")
+        entrypoint = ""
+    entrypoint = entrypoint.strip("/")
+    if entrypoint.startswith("data/"):
+        entrypoint = entrypoint[len("data/") :]
+    if not entrypoint:
+        named = [r for r in roots if r]
+        if len(named) == 1 and len(roots) == 1:
+            entrypoint = f"{named[0]}/decision"
+        else:
+            problems.append(
+                ".manifest: metadata.regent.entrypoint is required unless the bundle has exactly "
+                f"one root (roots: {list(roots)})"
+            )
+    elif not all(_SEGMENT.match(s) for s in entrypoint.split("/")) or "/" not in entrypoint:
+        problems.append(
+            f'.manifest: entrypoint {entrypoint!r} must be a rule path such as "shell/decision"'
+        )
+    return roots, entrypoint, Verdict(action), revision
+
+
+def _safe_path(raw: object, problems: list[str], *, allow_dot: bool = False) -> str | None:
+    if not isinstance(raw, str) or not raw or "\x00" in raw or "\\" in raw:
+        problems.append(f"{raw!r}: not a usable bundle path")
+        return None
+    if raw.startswith("/") or re.match(r"^[A-Za-z]:", raw):
+        problems.append(f"{raw}: absolute paths are not allowed in a bundle")
+        return None
+    parts = [p for p in raw.split("/") if p not in ("", ".")] if allow_dot else raw.split("/")
+    if any(p == ".." for p in parts) or any(p in ("", ".") for p in parts):
+        problems.append(f"{raw}: path escapes the bundle or is not normalised")
+        return None
+    if not parts:  # "./" itself
+        return None
+    return "/".join(parts)
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")

@@ -1,0 +1,312 @@
+"""RegoEngine: evaluates Rego bundles for steps in isolated worker processes; never raises a deny.
+
+A fault or timeout during evaluation denies with rule id `eval-error`; a bundle the worker cannot
+compile (error, crash or load timeout) denies with `bundle-error` and is remembered, so a broken
+revision does not cost a worker per step. Each fault is logged with the revision and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernel.domain.decision import Decision, PolicyInput, PolicyKind, Verdict
+
+from . import protocol as P
+from .bundle import RegoBundle
+from .decision import decision_from_output, eval_error
+from .diagnostics import CompileError, compile_errors
+from .document import input_document
+from .pool import DEFAULT_MAX_RSS_BYTES, WorkerFault, WorkerHandle, WorkerPool
+
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "CompileReport", "RegoEngine"]
+
+log = logging.getLogger("kernel.policy.rego")
+
+DEFAULT_TIMEOUT_SECONDS = 0.25
+_WORKER_BUNDLE_CACHE = 64  # worker.Worker.max_bundles
+_BROKEN_MEMORY = 256
+_OUTCOME_COUNTER = {
+    Verdict.ALLOW: "allowed",
+    Verdict.DENY: "denied",
+    Verdict.REQUIRE_APPROVAL: "require_approval",
+}
+_COUNTERS = (
+    "evaluations",
+    "allowed",
+    "denied",
+    "require_approval",
+    "eval_errors",
+    "bundle_errors",
+    "timeouts",
+    "crashes",
+    "bundle_loads",
+)
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """How a worker took a bundle: compiled, or why not."""
+
+    ok: bool
+    errors: tuple[CompileError, ...] = ()
+    crash: str = ""  # set when the worker died or hung compiling it
+    builtins: dict[str, bool] = field(default_factory=dict)  # called name → rego-cpp has it
+
+
+class RegoEngine:
+    """Thread-safe; `evaluate` may be called from many request threads at once."""
+
+    def __init__(
+        self,
+        size: int = 2,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        load_timeout: float = 10.0,
+        acquire_timeout: float = 5.0,
+        start_timeout: float = 10.0,
+        max_rss_bytes: int = DEFAULT_MAX_RSS_BYTES,
+        test_hooks: bool = False,
+    ):
+        self.timeout = timeout
+        self.load_timeout = load_timeout
+        self.acquire_timeout = acquire_timeout
+        self._pool = WorkerPool(
+            size,
+            start_timeout=start_timeout,
+            max_rss_bytes=max_rss_bytes,
+            test_hooks=test_hooks,
+        )
+        self._lock = threading.Lock()
+        self._broken: OrderedDict[str, str] = OrderedDict()  # digest → bundle-error reason
+        self._load_faults: dict[str, int] = {}  # digest → crashes/timeouts while compiling it
+        # Plain attributes (and stats()), for a metrics exporter to read.
+        self.evaluations = 0
+        self.allowed = 0
+        self.denied = 0
+        self.require_approval = 0
+        self.eval_errors = 0
+        self.bundle_errors = 0
+        self.timeouts = 0
+        self.crashes = 0
+        self.bundle_loads = 0
+        for quirk in self.capabilities.get("quirks", []):
+            log.info("rego-cpp %s: %s", self.capabilities.get("regopy", "?"), quirk)
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """The workers' start-up probe: build info, `unavailable` builtins, known `quirks`."""
+        return self._pool.hello
+
+    def evaluate(self, bundle: RegoBundle, inp: PolicyInput) -> Decision:
+        return self.evaluate_document(bundle, input_document(inp))
+
+    def evaluate_document(self, bundle: RegoBundle, document: dict[str, Any]) -> Decision:
+        decision = self._evaluate(bundle, document)
+        with self._lock:
+            self.evaluations += 1
+            outcome = _OUTCOME_COUNTER[decision.verdict]
+            setattr(self, outcome, getattr(self, outcome) + 1)
+        return decision
+
+    def compile(self, bundle: RegoBundle) -> CompileReport:
+        """Compile `bundle` in a worker (the load gate's compile step), which keeps the
+        compiled copy; never raises."""
+        w = self._pool.acquire(self.acquire_timeout)
+        if w is None:
+            return CompileReport(False, crash="no rego worker became available")
+        try:
+            report = self._load_on(w, bundle)
+        except WorkerFault as fault:
+            return CompileReport(False, crash=self._fault(w, fault, bundle, "compiling"))
+        self._pool.release(w)
+        return report
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            counts = {name: getattr(self, name) for name in _COUNTERS}
+        return {
+            **counts,
+            "workers": self._pool.live_count(),
+            "workers_started": self._pool.workers_started,
+            "workers_replaced": self._pool.workers_replaced,
+            "worker_start_failures": self._pool.start_failures,
+            "broken_bundles": len(self._broken),
+        }
+
+    def worker_pids(self) -> list[int]:
+        return self._pool.pids()
+
+    def wait_ready(self, timeout: float = 10.0) -> bool:
+        return self._pool.wait_ready(timeout)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> RegoEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def _evaluate(self, bundle: RegoBundle, document: dict[str, Any]) -> Decision:
+        revision = bundle.revision
+        broken = self._broken.get(bundle.digest)
+        if broken is not None:
+            return self._bundle_error(bundle, broken)
+        if self._pool.closed:
+            return self._eval_error(bundle, "rego engine is closed", logged=True)
+        try:
+            body = json.dumps(
+                document, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            ).encode("utf-8")
+        except (TypeError, ValueError, UnicodeEncodeError) as exc:
+            return self._eval_error(bundle, f"input document is not JSON-encodable: {exc}")
+        key = bundle.digest.encode("ascii")
+        w = self._pool.acquire(self.acquire_timeout)
+        if w is None:
+            if self._pool.closed:
+                return self._eval_error(bundle, "rego engine is closed", logged=True)
+            return self._eval_error(
+                bundle, f"no rego worker became available within {self.acquire_timeout:g}s"
+            )
+        phase = "compiling"
+        try:
+            for _attempt in range(2):
+                if bundle.digest not in w.loaded:
+                    phase = "compiling"
+                    report = self._load_on(w, bundle)
+                    if not report.ok:
+                        self._pool.release(w)
+                        reason = "; ".join(str(e) for e in report.errors[:3])
+                        return self._remember_broken(
+                            bundle, reason or "rego-cpp could not build it"
+                        )
+                phase = "evaluating"
+                op, reply = w.call(P.OP_EVAL, key + body, self.timeout)
+                if op != P.OP_MISSING:
+                    break
+                w.loaded.pop(bundle.digest, None)  # the worker evicted it: load and try again
+        except WorkerFault as fault:
+            reason = self._fault(w, fault, bundle, phase)
+            if phase == "compiling":
+                reason = f"the rego worker {reason} while compiling it"
+                # Once may be the machine (the OOM killer, say); twice is the bundle.
+                with self._lock:
+                    if len(self._load_faults) > _BROKEN_MEMORY:
+                        self._load_faults.clear()
+                    faults = self._load_faults[bundle.digest] = (
+                        self._load_faults.get(bundle.digest, 0) + 1
+                    )
+                if faults >= 2:
+                    return self._remember_broken(bundle, reason)
+                return self._bundle_error(bundle, reason)
+            return self._eval_error(bundle, reason, logged=True)
+        self._pool.release(w)
+        w.loaded.move_to_end(bundle.digest)
+        kind = document.get("kind", "") if isinstance(document, dict) else ""
+        if op == P.OP_UNDEFINED:
+            value: Any = None
+            defined = False
+        elif op == P.OP_VALUE:
+            try:
+                results = json.loads(reply)
+                value = results["expressions"][0]
+                defined = True
+            except (ValueError, KeyError, IndexError, TypeError):
+                return self._eval_error(bundle, "rego-cpp returned an unreadable value")
+        elif op == P.OP_FAIL:
+            return self._eval_error(bundle, f"rego evaluation failed: {_error_of(reply)}")
+        else:
+            return self._eval_error(bundle, f"unexpected reply {op} from the rego worker")
+        decision = decision_from_output(
+            value,
+            defined=defined,
+            kind=kind,
+            default_action=bundle.default_action,
+            revision=revision,
+            entrypoint=bundle.entrypoint,
+        )
+        if decision.rule_id == "eval-error":
+            self._count("eval_errors")
+            log.warning("rego bundle %s returned a bad decision: %s", revision, decision.reason)
+        return decision
+
+    def _load_on(self, w: WorkerHandle, bundle: RegoBundle) -> CompileReport:
+        op, reply = w.call(P.OP_LOAD, bundle.worker_payload, self.load_timeout)
+        self._count("bundle_loads")
+        try:
+            body = json.loads(reply) if reply else {}
+        except ValueError:
+            body = {}
+        builtins = body.get("builtins") or {}
+        if op == P.OP_OK:
+            w.loaded[bundle.digest] = None
+            while len(w.loaded) > _WORKER_BUNDLE_CACHE:
+                w.loaded.popitem(last=False)
+            return CompileReport(True, builtins=builtins)
+        errors = compile_errors(body.get("error", ""), body.get("report", ""), bundle.modules)
+        return CompileReport(False, errors=tuple(errors), builtins=builtins)
+
+    def _fault(self, w: WorkerHandle, fault: WorkerFault, bundle: RegoBundle, phase: str) -> str:
+        """Discard the worker, count and log the fault; returns a reason for the decision."""
+        how, tail = self._pool.discard(w, fault)
+        if fault.kind == "timeout":
+            self._count("timeouts")
+            limit = self.timeout if phase == "evaluating" else self.load_timeout
+            reason = f"rego evaluation timed out after {limit * 1000:g} ms (worker killed)"
+            if phase != "evaluating":
+                reason = f"timed out after {limit:g}s"
+        else:
+            self._count("crashes")
+            reason = f"rego worker crashed {phase} ({how})"
+            if phase != "evaluating":
+                reason = f"crashed ({how})"
+        log.warning(
+            "rego worker %d %s while %s bundle revision %s (digest %s)%s",
+            w.pid,
+            "timed out" if fault.kind == "timeout" else how,
+            phase,
+            bundle.revision,
+            bundle.digest[:12],
+            f": {tail}" if tail else "",
+        )
+        return reason
+
+    def _remember_broken(self, bundle: RegoBundle, reason: str) -> Decision:
+        with self._lock:
+            self._broken[bundle.digest] = reason
+            self._load_faults.pop(bundle.digest, None)
+            while len(self._broken) > _BROKEN_MEMORY:
+                self._broken.popitem(last=False)
+        log.warning("rego bundle revision %s cannot be loaded: %s", bundle.revision, reason)
+        return self._bundle_error(bundle, reason)
+
+    def _bundle_error(self, bundle: RegoBundle, reason: str) -> Decision:
+        self._count("bundle_errors")
+        return Decision.bundle_error(
+            f"policy_bundle_invalid: {reason}", PolicyKind.REGO, bundle.revision
+        )
+
+    def _eval_error(self, bundle: RegoBundle, reason: str, *, logged: bool = False) -> Decision:
+        self._count("eval_errors")
+        if not logged:
+            log.warning("rego bundle revision %s: %s", bundle.revision, reason)
+        return eval_error(reason, bundle.revision)
+
+
+def _error_of(reply: bytes) -> str:
+    try:
+        return str(json.loads(reply).get("error", "unknown error"))
+    except (ValueError, AttributeError):
+        return "unknown error"

@@ -1,0 +1,191 @@
+"""The Rego load gate: every reason a bundle is refused at store time, one line per problem.
+
+Structure (roots, packages, data, entrypoint, calls) is checked here in the kernel; compilation
+happens in a worker, because rego-cpp must never run in the kernel process. rego-cpp's compiler is
+lenient (it accepts calls to functions it lacks and entrypoints that do not exist, and answers
+"undefined" at evaluation), so the structural checks are what make those load errors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .bundle import RegoBundle, bundle_error, load_rego_bundle, parse_rego_bundle
+from .engine import CompileReport, RegoEngine
+
+__all__ = ["UNSUPPORTED_BUILTINS", "compile_rego_bundle", "static_problems"]
+
+# Builtins rego-cpp does not implement (regopy-notes.md); it compiles calls to them and then
+# quietly answers "undefined", so a policy would silently lose whatever the call decided.
+UNSUPPORTED_BUILTINS = frozenset(
+    {
+        "http.send",
+        "json.match_schema",
+        "json.verify_schema",
+        "providers.aws.sign_req",
+        "rego.metadata.chain",
+        "rego.metadata.rule",
+        "rego.parse_module",
+        "strings.render_template",
+        "crypto.x509.parse_and_verify_certificates_with_options",
+    }
+)
+UNSUPPORTED_PREFIXES = ("net.", "graphql.")
+_SPECIAL_CALLS = frozenset({"print"})  # compiled by rego-cpp, not listed as a builtin
+
+
+def compile_rego_bundle(
+    source: RegoBundle | Mapping[str, Any] | str | os.PathLike[str],
+    *,
+    engine: RegoEngine | None = None,
+) -> RegoBundle:
+    """Load (if needed) and gate a bundle; returns it ready to evaluate or raises
+    ValidationError("invalid policy bundle: <one line per problem>").
+
+    Compiles in `engine`'s workers (which then hold the compiled copy); without one, a
+    single-worker engine is started for the check and closed after it.
+    """
+    if isinstance(source, RegoBundle):
+        bundle = source
+    elif isinstance(source, Mapping):
+        bundle = parse_rego_bundle(source)
+    else:
+        bundle = load_rego_bundle(source)
+    own = engine is None
+    runner = engine or RegoEngine(size=1)
+    try:
+        report = runner.compile(bundle)
+        unavailable = set(runner.capabilities.get("unavailable", []))
+    finally:
+        if own:
+            runner.close()
+    problems = static_problems(bundle, report=report, unavailable=unavailable)
+    if problems:
+        raise bundle_error(problems)
+    return bundle
+
+
+def static_problems(
+    bundle: RegoBundle,
+    *,
+    report: CompileReport | None = None,
+    unavailable: Iterable[str] = (),
+) -> list[str]:
+    """Every problem with `bundle`; `report` is a worker's compile result, when there is one."""
+    problems = _root_problems(bundle)
+    if report is not None:
+        problems += _compile_problems(bundle, report)
+    problems += _call_problems(bundle, report.builtins if report else {}, set(unavailable))
+    problems += _judge_problems(bundle)
+    problems += _entrypoint_problems(bundle)
+    return problems
+
+
+def _under(path: str, root: str) -> bool:
+    return root == "" or path == root or path.startswith(root + "/")
+
+
+def _root_problems(bundle: RegoBundle) -> list[str]:
+    problems = []
+    roots = bundle.roots
+    for i, a in enumerate(roots):
+        for b in roots[i + 1 :]:
+            if _under(a, b) or _under(b, a):
+                problems.append(f".manifest: roots {a!r} and {b!r} overlap")
+    for path, scan in bundle.scans.items():
+        shown = bundle.display_path(path)
+        if not scan.package:
+            problems.append(f"{shown}: no package declaration")
+            continue
+        data_path = scan.package.removeprefix("data.").replace(".", "/")
+        if not any(_under(data_path, r) for r in roots):
+            problems.append(
+                f"{shown}:{scan.package_line}:1: package {scan.package} is outside the "
+                f"manifest roots {list(roots)}"
+            )
+    problems += _data_problems(bundle, [], bundle.data)
+    return problems
+
+
+def _data_problems(bundle: RegoBundle, at: list[str], value: Any) -> list[str]:
+    path = "/".join(at)
+    if any(_under(path, r) for r in bundle.roots):
+        return []
+    if isinstance(value, dict) and any(r.startswith(path + "/") or not path for r in bundle.roots):
+        out: list[str] = []
+        for k, v in value.items():
+            out += _data_problems(bundle, [*at, k], v)
+        return out
+    return [f"data: {path or '(root)'} is outside the manifest roots {list(bundle.roots)}"]
+
+
+def _compile_problems(bundle: RegoBundle, report: CompileReport) -> list[str]:
+    problems = []
+    for err in report.errors:
+        file = bundle.display_path(err.file) if err.file else ""
+        problems.append(str(type(err)(err.message, file, err.line, err.col)))
+    if report.crash:
+        problems.append(f"the Rego compiler {report.crash} on this bundle")
+        for path, scan in bundle.scans.items():
+            for line, col in scan.whole_input_with:
+                problems.append(
+                    f"{bundle.display_path(path)}:{line}:{col}: `with input as …` replaces the "
+                    "whole input document, which crashes rego-cpp; use `with input.<field> as …`"
+                )
+    return problems
+
+
+def _call_problems(
+    bundle: RegoBundle, builtins: dict[str, bool], unavailable: set[str]
+) -> list[str]:
+    heads_by_package: dict[str, set[str]] = {}
+    for scan in bundle.scans.values():
+        heads_by_package.setdefault(scan.package, set()).update(scan.heads)
+    problems = []
+    for path, scan in bundle.scans.items():
+        shown = bundle.display_path(path)
+        local = heads_by_package.get(scan.package, set())
+        for call in scan.calls:
+            name = call.name
+            where = f"{shown}:{call.line}:{call.col}"
+            if name in UNSUPPORTED_BUILTINS or name.startswith(UNSUPPORTED_PREFIXES):
+                problems.append(f"{where}: builtin {name} is not supported by rego-cpp")
+            elif name in unavailable:
+                problems.append(
+                    f"{where}: builtin {name} is not available in this rego-cpp build "
+                    "(it failed the start-up probe)"
+                )
+            elif (
+                name.startswith("data.")
+                or name.split(".", 1)[0] in scan.imports
+                or name in local
+                or name in _SPECIAL_CALLS
+            ):
+                continue
+            elif builtins.get(name) is False:
+                problems.append(f"{where}: unknown function {name}")
+    return problems
+
+
+def _judge_problems(bundle: RegoBundle) -> list[str]:
+    return [
+        f'{bundle.display_path(path)}:{line}:{col}: decision "judge" is not supported by Regent'
+        for path, scan in bundle.scans.items()
+        for line, col in scan.judge
+    ]
+
+
+def _entrypoint_problems(bundle: RegoBundle) -> list[str]:
+    segments = bundle.entrypoint.split("/")
+    for scan in bundle.scans.values():
+        package = scan.package.removeprefix("data.")
+        for k in range(1, len(segments)):
+            if package == ".".join(segments[:k]) and ".".join(segments[k:]) in scan.heads:
+                return []
+    package, rule = ".".join(segments[:-1]), segments[-1]
+    return [
+        f".manifest: entrypoint {bundle.entrypoint} is not defined: no module declares rule "
+        f"{rule} in package {package}"
+    ]

@@ -1,0 +1,34 @@
+"""The kernel ↔ Rego worker wire format: length-prefixed frames over a Unix socketpair.
+
+Stdlib only: the worker loads this file by path after importing regopy, and the kernel imports it
+as a module, so it must not pull in anything else of ours.
+
+A frame is a 5-byte header (big-endian payload length, one op byte) followed by the payload.
+"""
+
+from __future__ import annotations
+
+import struct
+
+HEADER = struct.Struct(">IB")
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+KEY_BYTES = 64  # a bundle key is the 64-hex SHA-256 content digest
+
+# kernel → worker
+OP_LOAD = 1  # JSON {"key", "modules", "data", "entrypoint", "names"}
+OP_EVAL = 2  # key (64 ASCII bytes) + input document JSON
+
+# worker → kernel
+OP_HELLO = 10  # JSON capabilities, sent once at start-up
+OP_OK = 11  # JSON (load) or empty
+OP_FAIL = 12  # JSON {"error", ...}
+OP_VALUE = 13  # the entrypoint's output, as rego-cpp renders it: {"expressions":[VALUE]}
+OP_UNDEFINED = 14  # the entrypoint is undefined for this input
+OP_MISSING = 15  # the worker does not hold this bundle (never loaded, or evicted)
+
+# Inputs carrying this key in `args` make a worker started with test hooks fault on purpose.
+TEST_FAULT_KEY = "__regent_test_fault__"
+
+
+def frame(op: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(len(payload), op) + payload
