@@ -3,42 +3,57 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import threading
 import time
 import uuid
+from typing import Any
 
 from kernel.errors import ValidationError
 
 MAX_DEPTH = 512
 
+_JSON_WS = " \t\n\r"
 _WS = re.compile(r"[ \t\n\r]*")
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _STRING_CHUNK = re.compile(r'[^"\\\x00-\x1f]*')
+_HEX4 = re.compile(r"[0-9a-fA-F]{4}")
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _GO_ESCAPE = {
     '"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f",
     "<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029",
 }
-_NEEDS_ESCAPE = re.compile('["\\\\\x00-\x1f<>&\u2028\u2029\ud800-\udfff]')
+_NEEDS_ESCAPE = re.compile('["\\\\\x00-\x1f<>&\u2028\u2029]')
+# Characters Go's encoder escapes and Python's (ensure_ascii=False) leaves raw.
+_GO_ONLY_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                    ("\u2029", "\\u2029"))
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+# -- canonical JSON: the exact parser ------------------------------------------------------------
+
+
+def _encode_string(s: str) -> str:
+    """Go's encoder on a string already free of surrogates (see `_Parser.string`)."""
+    if _NEEDS_ESCAPE.search(s) is None:
+        return '"' + s + '"'
+    return '"' + _NEEDS_ESCAPE.sub(_go_escape_char, s) + '"'
 
 
 def _go_escape_char(m: re.Match[str]) -> str:
     c = m.group(0)
-    if c in _GO_ESCAPE:
-        return _GO_ESCAPE[c]
-    if "\ud800" <= c <= "\udfff":
-        return "\ufffd"  # an unpaired surrogate is replaced, as Go's encoder does
-    return f"\\u{ord(c):04x}"
-
-
-def _encode_string(s: str) -> str:
-    return '"' + _NEEDS_ESCAPE.sub(_go_escape_char, s) + '"'
+    return _GO_ESCAPE.get(c) or f"\\u{ord(c):04x}"
 
 
 class _Parser:
-    """A small JSON parser that emits canonical text directly (iterative depth check)."""
+    """The reference reading of §1.2: emits canonical text directly, with an explicit stack.
+
+    No recursion, so any nesting depth is answered with a ValidationError whatever the caller's
+    stack, and strings are decoded the way Go's decoder does (unpaired surrogates → U+FFFD).
+    """
 
     __slots__ = ("pos", "text")
 
@@ -52,70 +67,82 @@ class _Parser:
     def ws(self) -> None:
         self.pos = _WS.match(self.text, self.pos).end()  # type: ignore[union-attr]
 
-    def value(self, depth: int) -> str:
-        if depth > MAX_DEPTH:
-            raise ValidationError(f"validation error: JSON nested deeper than {MAX_DEPTH}")
+    def key(self) -> str:
         self.ws()
+        if not self.text.startswith('"', self.pos):
+            raise self.fail("expected a key")
+        k = self.string()
+        self.ws()
+        if not self.text.startswith(":", self.pos):
+            raise self.fail("expected ':'")
+        self.pos += 1
+        return k
+
+    def canonical(self) -> str:
         t = self.text
-        if self.pos >= len(t):
-            raise self.fail("unexpected end")
-        c = t[self.pos]
-        if c == "{":
-            self.pos += 1
-            members: dict[str, str] = {}
+        # One frame per open container: [members dict, pending key] or [items list, None].
+        stack: list[list[Any]] = []
+        while True:
             self.ws()
-            if t.startswith("}", self.pos):
+            if self.pos >= len(t):
+                raise self.fail("unexpected end")
+            c = t[self.pos]
+            value: str
+            if c == "{" or c == "[":
+                if len(stack) >= MAX_DEPTH:  # this container would be level MAX_DEPTH + 1
+                    raise ValidationError(f"validation error: JSON nested deeper than {MAX_DEPTH}")
                 self.pos += 1
-                return "{}"
+                self.ws()
+                if t.startswith("}" if c == "{" else "]", self.pos):
+                    self.pos += 1
+                    value = c + ("}" if c == "{" else "]")
+                else:
+                    stack.append([{}, self.key()] if c == "{" else [[], None])
+                    continue  # read the container's first value
+            elif c == '"':
+                value = _encode_string(self.string())
+            elif t.startswith("true", self.pos):
+                self.pos += 4
+                value = "true"
+            elif t.startswith("false", self.pos):
+                self.pos += 5
+                value = "false"
+            elif t.startswith("null", self.pos):
+                self.pos += 4
+                value = "null"
+            else:
+                m = _NUMBER.match(t, self.pos)
+                if m is None:
+                    raise self.fail(f"unexpected {c!r}")
+                self.pos = m.end()
+                value = m.group(0)  # the exact source lexeme
+            # A value is complete: hand it to the open container, closing containers as they end.
             while True:
-                self.ws()
-                if not t.startswith('"', self.pos):
-                    raise self.fail("expected a key")
-                key = self.string()
-                self.ws()
-                if not t.startswith(":", self.pos):
-                    raise self.fail("expected ':'")
-                self.pos += 1
-                members[key] = self.value(depth + 1)  # duplicate keys: the last one wins
+                if not stack:
+                    return value
+                frame = stack[-1]
+                members = frame[0]
+                is_object = frame[1] is not None
+                if is_object:
+                    members[frame[1]] = value  # a duplicate key: the last one wins
+                else:
+                    members.append(value)
                 self.ws()
                 if t.startswith(",", self.pos):
                     self.pos += 1
+                    if is_object:
+                        frame[1] = self.key()
+                    break  # read the next value
+                if t.startswith("}" if is_object else "]", self.pos):
+                    self.pos += 1
+                    stack.pop()
+                    if is_object:
+                        # No surrogates survive decoding, so code-point order is UTF-8 byte order.
+                        value = "{" + ",".join(_encode_string(k) + ":" + members[k] for k in sorted(members)) + "}"
+                    else:
+                        value = "[" + ",".join(members) + "]"
                     continue
-                if t.startswith("}", self.pos):
-                    self.pos += 1
-                    break
-                raise self.fail("expected ',' or '}'")
-            items = sorted(members.items(), key=lambda kv: kv[0].encode("utf-8", "surrogatepass"))
-            return "{" + ",".join(_encode_string(k) + ":" + v for k, v in items) + "}"
-        if c == "[":
-            self.pos += 1
-            out: list[str] = []
-            self.ws()
-            if t.startswith("]", self.pos):
-                self.pos += 1
-                return "[]"
-            while True:
-                out.append(self.value(depth + 1))
-                self.ws()
-                if t.startswith(",", self.pos):
-                    self.pos += 1
-                    continue
-                if t.startswith("]", self.pos):
-                    self.pos += 1
-                    break
-                raise self.fail("expected ',' or ']'")
-            return "[" + ",".join(out) + "]"
-        if c == '"':
-            return _encode_string(self.string())
-        for lit in ("true", "false", "null"):
-            if t.startswith(lit, self.pos):
-                self.pos += len(lit)
-                return lit
-        m = _NUMBER.match(t, self.pos)
-        if m and m.end() > self.pos:
-            self.pos = m.end()
-            return m.group(0)  # the exact source lexeme
-        raise self.fail(f"unexpected {c!r}")
+                raise self.fail("expected ',' or '}'" if is_object else "expected ',' or ']'")
 
     def string(self) -> str:
         t = self.text
@@ -123,55 +150,117 @@ class _Parser:
         parts: list[str] = []
         while True:
             m = _STRING_CHUNK.match(t, self.pos)
-            parts.append(m.group(0))  # type: ignore[union-attr]
+            chunk = m.group(0)  # type: ignore[union-attr]
+            # A raw lone surrogate (from a str caller, or one per invalid byte of a bytes input)
+            # becomes U+FFFD here, at decode time, so keys dedup and sort as their replacement.
+            parts.append(_SURROGATE.sub("\ufffd", chunk) if not chunk.isascii() else chunk)
             self.pos = m.end()  # type: ignore[union-attr]
             if self.pos >= len(t):
                 raise self.fail("unterminated string")
             c = t[self.pos]
             if c == '"':
                 self.pos += 1
-                break
+                return "".join(parts)
             if c != "\\":
                 raise self.fail("control character in string")
             esc = t[self.pos + 1 : self.pos + 2]
             if esc in _ESCAPES:
                 parts.append(_ESCAPES[esc])
                 self.pos += 2
-            elif esc == "u":
-                hexd = t[self.pos + 2 : self.pos + 6]
-                if len(hexd) != 4 or not all(h in "0123456789abcdefABCDEF" for h in hexd):
-                    raise self.fail("bad \\u escape")
-                cp = int(hexd, 16)
-                self.pos += 6
-                if 0xD800 <= cp <= 0xDBFF and t.startswith("\\u", self.pos):
-                    low_hex = t[self.pos + 2 : self.pos + 6]
-                    if len(low_hex) == 4 and all(h in "0123456789abcdefABCDEF" for h in low_hex):
-                        low = int(low_hex, 16)
-                        if 0xDC00 <= low <= 0xDFFF:
-                            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00)
-                            self.pos += 6
-                parts.append("\ufffd" if 0xD800 <= cp <= 0xDFFF else chr(cp))
-            else:
+                continue
+            if esc != "u" or not _HEX4.fullmatch(t, self.pos + 2, self.pos + 6):
                 raise self.fail("bad escape")
-        return "".join(parts)
+            cp = int(t[self.pos + 2 : self.pos + 6], 16)
+            self.pos += 6
+            # As Go: a high surrogate pairs with an immediately following low-surrogate escape;
+            # otherwise it is U+FFFD and the next escape is read on its own.
+            if 0xD800 <= cp <= 0xDBFF and t.startswith("\\u", self.pos) and _HEX4.fullmatch(t, self.pos + 2, self.pos + 6):
+                low = int(t[self.pos + 2 : self.pos + 6], 16)
+                if 0xDC00 <= low <= 0xDFFF:
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00)
+                    self.pos += 6
+            parts.append("\ufffd" if 0xD800 <= cp <= 0xDFFF else chr(cp))
+
+
+def _canonical_exact(text: str) -> str:
+    """Canonical text by the exact parser alone (the fast path must always agree with it)."""
+    parser = _Parser(text)
+    parser.ws()
+    if parser.pos == len(text):
+        return "null"
+    return parser.canonical()
+
+
+# -- canonical JSON: the fast path -----------------------------------------------------------------
+
+# Python's C scanner and encoder do the work; each number lexeme travels as a string wrapped in a
+# lone surrogate, which no decoded string can contain on this path, and is unwrapped afterwards.
+_MARK = "\udfff"
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+_FAST_DECODER = json.JSONDecoder(parse_int=(_MARK + "{}" + _MARK).format, parse_float=(_MARK + "{}" + _MARK).format,
+                                 parse_constant=_reject_constant)
+_FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, check_circular=False,
+                                 allow_nan=False)
+
+
+def _fast_eligible(text: str, checked_utf8: bool) -> bool:
+    # Surrogates need Go's decoding rules, so they take the exact parser; so does any text that
+    # could nest deeper than MAX_DEPTH (counting brackets inside strings too only over-counts).
+    if not checked_utf8 and not text.isascii() and _SURROGATE.search(text):
+        return False
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+        return False
+    return text.count("[") + text.count("{") <= MAX_DEPTH
+
+
+def _canonical_fast(text: str, start: int) -> str:
+    value, _ = _FAST_DECODER.raw_decode(text, start)
+    out = _FAST_ENCODER.encode(value)
+    if _MARK in out:
+        out = out.replace('"' + _MARK, "").replace(_MARK + '"', "")
+    for char, escape in _GO_ONLY_ESCAPES:
+        if char in out:
+            out = out.replace(char, escape)
+    return out
 
 
 def canonical_json(raw: bytes | str | None) -> str:
-    """The canonical text of spec §1.2. Absent or empty → `null`; the first JSON value is read."""
+    """The canonical text of spec §1.2. Absent or empty → `null`; only the first JSON value is read.
+
+    Raises ValidationError on malformed JSON or nesting deeper than MAX_DEPTH.
+    """
     if raw is None:
         return "null"
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    if not text.strip():
+    if isinstance(raw, str):
+        text, checked_utf8 = raw, False
+    else:
+        try:
+            text, checked_utf8 = raw.decode("utf-8"), True
+        except UnicodeDecodeError:
+            # surrogateescape: each invalid byte becomes one U+FFFD, as in Go (not one per run).
+            text, checked_utf8 = raw.decode("utf-8", "surrogateescape"), False
+    start = len(text) - len(text.lstrip(_JSON_WS))
+    if start == len(text):
         return "null"
-    return _Parser(text).value(0)
+    if _fast_eligible(text, checked_utf8):
+        try:
+            return _canonical_fast(text, start)
+        except (ValueError, RecursionError):
+            pass  # malformed (the exact parser words the error) or the caller's stack was deep
+    return _canonical_exact(text)
 
 
 def args_hash(raw: bytes | str | None) -> str:
+    """SHA-256 hex of the canonical text of `raw`."""
     return hashlib.sha256(canonical_json(raw).encode("utf-8")).hexdigest()
 
 
-def _hash_canonical(canonical: str) -> str:
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+# -- step ids --------------------------------------------------------------------------------------
 
 
 def _l(s: str) -> str:
@@ -179,43 +268,55 @@ def _l(s: str) -> str:
 
 
 def step_id(execution_id: str, kind: str, target: str, args_hash: str, occurrence: int) -> str:
+    """SHA-256 hex of L(execution_id)‖L(kind)‖L(target)‖L(args_hash)‖L(occurrence) (spec §1.1)."""
     msg = _l(execution_id) + _l(kind) + _l(target) + _l(args_hash) + _l(str(occurrence))
     return hashlib.sha256(msg.encode("utf-8")).hexdigest()
 
 
+# -- UUIDs -------------------------------------------------------------------------------------------
+
+_UUID36 = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_HEX32 = re.compile(r"[0-9a-fA-F]{32}")
+
+
 def parse_uuid(text: str) -> str:
-    """Any accepted UUID spelling → the canonical lowercase hyphenated form."""
-    s = text.strip()
-    if s.lower().startswith("urn:uuid:"):
+    """Any accepted UUID spelling → the canonical lowercase hyphenated form.
+
+    Accepted, as Go's uuid.Parse: the 36-character form (any case), `urn:uuid:` + it (prefix in
+    any case), `{` it `}`, and 32 hex digits. Nothing else: no surrounding whitespace, no `0x`,
+    `+` or `_` (which Python's `int(…, 16)` inside `uuid.UUID` would otherwise let through).
+    """
+    s = text
+    if len(s) == 45 and s[:9].lower() == "urn:uuid:":
         s = s[9:]
-    if s.startswith("{") and s.endswith("}"):
+    elif len(s) == 38 and s[0] == "{" and s[-1] == "}":
         s = s[1:-1]
-    if not (len(s) == 36 and s.count("-") == 4) and not (len(s) == 32 and "-" not in s):
-        raise ValidationError(f"validation error: invalid id {text!r}")
-    try:
+    if _UUID36.fullmatch(s):
+        return s.lower()
+    if _HEX32.fullmatch(s):
         return str(uuid.UUID(hex=s))
-    except ValueError:
-        raise ValidationError(f"validation error: invalid id {text!r}") from None
+    raise ValidationError(f"validation error: invalid id {text!r}")
 
 
 _uuid_lock = threading.Lock()
-_last = [0, 0]  # millisecond, counter
+_uuid_last = [0, 0]  # the last millisecond used, and the counter within it
 
 
 def new_uuid7() -> str:
     """A UUIDv7, monotonic within the process (a counter in rand_a for the same millisecond)."""
     with _uuid_lock:
         ms = time.time_ns() // 1_000_000
-        if ms <= _last[0]:
-            ms = _last[0]
-            _last[1] += 1
-            if _last[1] > 0xFFF:
+        if ms <= _uuid_last[0]:  # the same millisecond, or the clock stepped back
+            ms = _uuid_last[0]
+            _uuid_last[1] += 1
+            if _uuid_last[1] > 0xFFF:  # 4096 ids in one millisecond: borrow the next one
                 ms += 1
-                _last[1] = 0
+                _uuid_last[1] = 0
         else:
-            _last[1] = int.from_bytes(os.urandom(2), "big") & 0x3FF
-        _last[0] = ms
-        counter = _last[1]
+            # A random start in the low 10 of the 12 bits leaves room to count up.
+            _uuid_last[1] = int.from_bytes(os.urandom(2), "big") & 0x3FF
+        _uuid_last[0] = ms
+        counter = _uuid_last[1]
     rand_b = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
     value = (ms << 80) | (0x7 << 76) | (counter << 64) | (0b10 << 62) | rand_b
     return str(uuid.UUID(int=value))
