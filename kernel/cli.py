@@ -15,7 +15,7 @@ from rich.console import Console
 from kernel.config import Settings
 from kernel.errors import ConfigError
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # no hard wraps: log collectors read whole lines
 
 
 def _settings(args: argparse.Namespace, **forced: object) -> Settings:
@@ -31,6 +31,8 @@ def _settings(args: argparse.Namespace, **forced: object) -> Settings:
 
 
 def _serve(settings: Settings) -> int:
+    import signal
+
     import uvicorn
 
     from kernel.bootstrap import build_runtime
@@ -39,16 +41,39 @@ def _serve(settings: Settings) -> int:
     url = f"http://{settings.host}:{settings.port}"
     console.print(f"[bold]regent[/] {'dev' if settings.dev else 'serve'} on [cyan]{url}[/]")
     console.print(f"  store   {rt.store.dialect} {_redact(settings.db_url or '')}")
+    if rt.manifest is not None:
+        console.print(f"  config  {rt.manifest.path} ({len(rt.manifest.agents)} agent(s) provisioned)")
+        for warning in rt.manifest.warnings:
+            console.print(f"  [yellow]warning[/] {warning}")
     with rt.store.read() as tx:
         agents = tx.list_agents()
     console.print(f"  agents  {', '.join(a.id for a in agents) or '(none)'}")
+    console.print(f"  replica {settings.replica_id}; dispatch concurrency {settings.dispatch_concurrency}, "
+                  f"lease {settings.dispatch_lease_timeout:g}s")
     if settings.dev:
         console.print("  auth    anonymous client/admin calls allowed (dev); supplied tokens are checked")
+    server = uvicorn.Server(uvicorn.Config(
+        rt.app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
+        lifespan="on", timeout_graceful_shutdown=10,
+    ))
+
+    def stop(signum: int, _frame: object) -> None:
+        # uvicorn installs its own handlers while serving and re-raises the signal to these once
+        # it has shut down gracefully; outside that window a signal asks it to stop as soon as
+        # it has started. Either way the process then exits 0 instead of dying by the signal.
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        uvicorn.run(rt.app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                    access_log=False, lifespan="on")
+        server.run()
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         rt.close()
+    if not server.started:
+        console.print("[red]regent: the server did not start[/]")
+        return 1
+    console.print("regent: stopped")
     return 0
 
 
@@ -136,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("REGENT_LOG_LEVEL", "INFO").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per webhook otherwise
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))

@@ -1,0 +1,90 @@
+"""Singleton sweeps (rebuno-v0 §5.4, §7.5): deadlines, approval expiry, retention. Each pass runs
+only on the replica holding the leader lock; the others skip it and return None."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from kernel.core.approvals import expire_approvals
+from kernel.core.executions import cancel_in_tx
+from kernel.core.kernel import Kernel
+
+DEADLINE_REASON = "deadline_exceeded"
+_MAX_BATCHES = 100  # bounded: a pass handles at most this many batches; the next tick goes on
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupResult:
+    approvals_expired: int = 0
+    executions_deleted: int = 0
+    deadlines_cancelled: int = 0
+
+
+def cancel_past_deadlines(k: Kernel, batch: int = 100) -> int:
+    """Cancel every non-terminal execution whose `deadline_at` has passed (reason
+    `deadline_exceeded`), through the client cancel path. Not leader-gated; see `deadline_sweep`."""
+    now = k.clock.now()
+    total = 0
+    for _ in range(_MAX_BATCHES):
+        with k.store.read() as tx:
+            ids = tx.execution_ids_past_deadline(now, batch)
+        done = 0
+        for eid in ids:
+            with k.store.transaction(lock=eid) as tx:
+                e = tx.get_execution(eid)  # re-read under the lock: it may have finished meanwhile
+                if e is None or e.status.is_terminal or e.deadline_at is None or e.deadline_at > now:
+                    continue
+                cancel_in_tx(tx, e, now, DEADLINE_REASON)
+                done += 1
+        total += done
+        if len(ids) < batch or done == 0:
+            break
+    return total
+
+
+def expire_due_approvals(k: Kernel, batch: int = 100) -> int:
+    """Expire pending approvals past their timeout, in bounded batches."""
+    total = 0
+    for _ in range(_MAX_BATCHES):
+        n = expire_approvals(k, batch)
+        total += n
+        if n < batch:
+            break
+    return total
+
+
+def delete_expired_executions(k: Kernel, batch: int = 200) -> int:
+    """Retention: delete terminal executions last updated before now − retention, with their
+    events, steps, approvals and dispatches. Live executions are never deleted, however old."""
+    if k.retention <= 0:
+        return 0
+    cutoff = k.clock.now() - timedelta(seconds=k.retention)
+    total = 0
+    for _ in range(_MAX_BATCHES):
+        with k.store.transaction() as tx:
+            n = tx.delete_terminal_executions_before(cutoff, batch)
+        total += n
+        if n < batch:
+            break
+    return total
+
+
+def deadline_sweep(k: Kernel, leader_key: str) -> int | None:
+    """The dedicated deadline loop's tick, under `<leader key>:deadlines`."""
+    with k.store.leader(f"{leader_key}:deadlines") as leading:
+        if not leading:
+            return None
+        return cancel_past_deadlines(k)
+
+
+def cleanup_sweep(k: Kernel, leader_key: str, *, include_deadlines: bool = False) -> CleanupResult | None:
+    """The cleanup tick: approval expiry and retention (and deadlines when their own loop is off)."""
+    with k.store.leader(leader_key) as leading:
+        if not leading:
+            return None
+        return CleanupResult(
+            approvals_expired=expire_due_approvals(k),
+            executions_deleted=delete_expired_executions(k),
+            deadlines_cancelled=cancel_past_deadlines(k) if include_deadlines else 0,
+        )

@@ -1,0 +1,231 @@
+"""The provisioning manifest (rebuno-v0 §3.8): `agents: [{id, webhook_url, secret,
+lease_timeout_seconds, policy | policy_file}]`, environment-expanded, strictly parsed, upserted on
+every boot. Agents the manifest does not list are left alone."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from kernel.core.agents import MIN_LEASE_SECONDS, register_agent, validate_agent_fields
+from kernel.core.kernel import Kernel
+from kernel.errors import ConfigError
+from kernel.errors import ValidationError as FieldError
+
+log = logging.getLogger("kernel.manifest")
+
+_AGENT_KEYS = ("id", "webhook_url", "secret", "lease_timeout_seconds", "policy", "policy_file")
+_REQUIRED = ("id", "webhook_url", "secret")
+# `$VAR`, `${VAR}`, and (a Regent extension) `${VAR:-default}` for an unset or empty VAR.
+_VAR = re.compile(r"\$\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)")
+_LEFTOVER = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*")
+
+PolicySource = Path | str  # a policy_file (resolved against the manifest) or inline bundle text
+PolicyHook = Callable[[str, PolicySource], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestAgent:
+    id: str
+    webhook_url: str
+    secret: str
+    line: int  # where the entry starts, for messages
+    lease_timeout_seconds: int | None = None
+    policy: str | None = None  # inline bundle text
+    policy_file: Path | None = None  # absolute path
+
+    @property
+    def policy_source(self) -> PolicySource | None:
+        return self.policy_file if self.policy_file is not None else self.policy
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    path: Path
+    agents: tuple[ManifestAgent, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+
+def expand_env(text: str, env: Mapping[str, str]) -> str:
+    """Expand `$VAR` / `${VAR}` from `env`; an unset variable is left exactly as written.
+    `${VAR:-default}` yields the default when VAR is unset or empty."""
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group("braced") or m.group("bare")
+        value = env.get(name)
+        if m.group("default") is not None and not value:
+            return m.group("default")
+        return value if value is not None else m.group(0)
+
+    return _VAR.sub(sub, text)
+
+
+def load_manifest(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Manifest:
+    """Read, expand and parse a manifest file. Raises ConfigError naming the file and line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the provisioning manifest: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: the provisioning manifest is not UTF-8 text") from None
+    return parse_manifest(text, p, os.environ if env is None else env)
+
+
+def parse_manifest(text: str, path: Path, env: Mapping[str, str]) -> Manifest:
+    return _Parser(expand_env(text, env), path).manifest()
+
+
+class _Parser:
+    def __init__(self, text: str, path: Path):
+        self.text = text
+        self.path = path
+        self.base = path.resolve().parent
+        self.warnings: list[str] = []
+        self._constructor = yaml.SafeLoader("")
+
+    def fail(self, node: Node | None, reason: str) -> ConfigError:
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        return ConfigError(f"{self.path}{line}: {reason}")
+
+    def manifest(self) -> Manifest:
+        try:
+            root = yaml.compose(self.text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            where = f":{mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{self.path}{where}: invalid YAML: {exc.problem or exc}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{self.path}: invalid YAML: {exc}") from None
+        if root is None:
+            raise ConfigError(f"{self.path}: the manifest is empty (expected `agents: [...]`)")
+        top = self.mapping(root, "the manifest", allowed=("agents",))
+        agents_node = top.get("agents")
+        if agents_node is None:
+            raise self.fail(root, "missing key `agents`")
+        if isinstance(agents_node, ScalarNode) and agents_node.tag.endswith(":null"):
+            return Manifest(self.path, (), tuple(self.warnings))
+        if not isinstance(agents_node, SequenceNode):
+            raise self.fail(agents_node, "`agents` must be a list of agents")
+        agents: list[ManifestAgent] = []
+        seen: dict[str, int] = {}
+        for item in agents_node.value:
+            a = self.agent(item)
+            if a.id in seen:
+                raise self.fail(item, f"agent {a.id!r} is listed twice (first at line {seen[a.id]})")
+            seen[a.id] = a.line
+            agents.append(a)
+        return Manifest(self.path, tuple(agents), tuple(self.warnings))
+
+    def mapping(self, node: Node, what: str, allowed: tuple[str, ...]) -> dict[str, Node]:
+        if not isinstance(node, MappingNode):
+            raise self.fail(node, f"{what} must be a mapping")
+        out: dict[str, Node] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, ScalarNode):
+                raise self.fail(key_node, f"{what}: keys must be plain strings")
+            key = key_node.value
+            if key not in allowed:
+                raise self.fail(key_node, f"{what}: unknown key {key!r} (allowed: {', '.join(allowed)})")
+            if key in out:
+                raise self.fail(key_node, f"{what}: duplicate key {key!r}")
+            out[key] = value_node
+        return out
+
+    def scalar(self, node: Node, key: str) -> object:
+        if not isinstance(node, ScalarNode):
+            raise self.fail(node, f"`{key}` must be a single value")
+        return self._constructor.construct_object(node, deep=True)
+
+    def string(self, node: Node, key: str) -> str:
+        value = self.scalar(node, key)
+        if not isinstance(value, str):
+            raise self.fail(node, f"`{key}` must be a string (quote it)")
+        return value
+
+    def agent(self, node: Node) -> ManifestAgent:
+        fields = self.mapping(node, "an agent entry", allowed=_AGENT_KEYS)
+        for key in _REQUIRED:
+            if key not in fields:
+                raise self.fail(node, f"an agent entry is missing `{key}`")
+        agent_id = self.string(fields["id"], "id")
+        webhook_url = self.string(fields["webhook_url"], "webhook_url")
+        secret = self.string(fields["secret"], "secret")
+        try:
+            validate_agent_fields(agent_id, webhook_url, secret)
+        except FieldError as exc:
+            raise self.fail(node, f"agent {agent_id!r}: {exc.message.removeprefix('validation error: ')}") from None
+        for key, value in (("webhook_url", webhook_url), ("secret", secret)):
+            left = _LEFTOVER.search(value)
+            if left:
+                self.warnings.append(
+                    f"{self.path}:{fields[key].start_mark.line + 1}: agent {agent_id!r} {key} contains "
+                    f"{left.group(0)!r}, an unset environment variable left as written"
+                )
+        lease = self.lease(fields.get("lease_timeout_seconds"), agent_id)
+        if "policy" in fields and "policy_file" in fields:
+            raise self.fail(fields["policy_file"], f"agent {agent_id!r}: `policy` and `policy_file` are mutually exclusive")
+        policy = self.inline_policy(fields["policy"], agent_id) if "policy" in fields else None
+        policy_file = self.policy_path(fields["policy_file"], agent_id) if "policy_file" in fields else None
+        return ManifestAgent(id=agent_id, webhook_url=webhook_url, secret=secret, line=node.start_mark.line + 1,
+                             lease_timeout_seconds=lease, policy=policy, policy_file=policy_file)
+
+    def lease(self, node: Node | None, agent_id: str) -> int | None:
+        if node is None:
+            return None
+        value = self.scalar(node, "lease_timeout_seconds")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(node, f"agent {agent_id!r}: `lease_timeout_seconds` must be a whole number of seconds")
+        if 0 < value < MIN_LEASE_SECONDS:
+            # Rebuno's registration rule: below the minimum is ignored (the kernel default applies).
+            self.warnings.append(
+                f"{self.path}:{node.start_mark.line + 1}: agent {agent_id!r} lease_timeout_seconds {value} is "
+                f"below {MIN_LEASE_SECONDS}; the kernel default lease applies"
+            )
+        return value or None
+
+    def inline_policy(self, node: Node, agent_id: str) -> str:
+        if isinstance(node, ScalarNode):
+            value = self.scalar(node, "policy")
+            if not isinstance(value, str):
+                raise self.fail(node, f"agent {agent_id!r}: `policy` must be bundle text or a mapping")
+            return value
+        if isinstance(node, MappingNode):
+            # An inline bundle: keep its own text (comments, order) so its revision hash is stable.
+            line_start = self.text.rfind("\n", 0, node.start_mark.index) + 1
+            pad = " " * (node.start_mark.index - line_start)
+            return textwrap.dedent(pad + self.text[node.start_mark.index:node.end_mark.index]).rstrip() + "\n"
+        raise self.fail(node, f"agent {agent_id!r}: `policy` must be bundle text or a mapping")
+
+    def policy_path(self, node: Node, agent_id: str) -> Path:
+        rel = self.string(node, "policy_file")
+        p = Path(rel)
+        p = p if p.is_absolute() else self.base / p
+        if not p.exists():
+            raise self.fail(node, f"agent {agent_id!r}: policy_file {rel!r} not found (looked for {p})")
+        return p
+
+
+def apply_policy(agent_id: str, source: PolicySource) -> None:
+    """Install an agent's bundle from the manifest. Placeholder until the YAML/Rego engines are
+    wired here: the source is recorded on the manifest entry and nothing is stored yet."""
+    log.debug("manifest policy for %s recorded, not applied yet: %s", agent_id, source)
+
+
+def provision(k: Kernel, manifest: Manifest, apply: PolicyHook = apply_policy) -> list[ManifestAgent]:
+    """Upsert every listed agent (its stored policy kept), then hand each bundle to `apply`."""
+    for a in manifest.agents:
+        register_agent(k, a.id, a.webhook_url, a.secret, a.lease_timeout_seconds, keep_policy=True)
+        if a.policy_source is not None:
+            apply(a.id, a.policy_source)
+    return list(manifest.agents)

@@ -1,0 +1,327 @@
+"""The dispatcher against a real webhook receiver on loopback: signing, verdicts, backoff,
+exhaustion, leases, concurrency, stop (rebuno-v0 §6). Time moves only on the ManualClock."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import anyio.to_thread
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from kernel.core import executions, steps
+from kernel.core.agents import register_agent
+from kernel.core.dispatch import Claim, claim_due
+from kernel.core.kernel import Kernel
+from kernel.dispatcher import Dispatcher, reap_interval, webhook_body
+from kernel.domain import Decision, DispatchStatus, Verdict
+from kernel.identity import args_hash
+from tests.support import ServerThread, free_port
+
+SECRET = "webhook-secret"
+
+
+class Receiver:
+    """A webhook endpoint that records every request and answers `status` once `release` is set."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.release = threading.Event()
+        self.release.set()
+        self.app = Starlette(routes=[Route("/webhook", self._webhook, methods=["POST"])])
+
+    async def _webhook(self, request: Request) -> Response:
+        body = await request.body()
+        self.requests.append((dict(request.headers), body))
+        await anyio.to_thread.run_sync(self.release.wait, 10)
+        return Response(status_code=self.status)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(b) for _, b in self.requests]
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[Receiver, str]]:
+    r = Receiver()
+    with ServerThread(r.app) as srv:
+        yield r, f"{srv.url}/webhook"
+        r.release.set()
+
+
+def agent(k: Kernel, url: str, lease: int | None = None, agent_id: str = "hello") -> None:
+    register_agent(k, agent_id, url, SECRET, lease, keep_policy=True)
+
+
+def start(k: Kernel, agent_id: str = "hello") -> str:
+    e, _ = executions.create_execution(k, agent_id, {"n": 1})
+    return e.id
+
+
+def types(k: Kernel, eid: str) -> list[str]:
+    with k.store.read() as tx:
+        return [e.type for e in tx.list_events(eid, 0, 1000)]
+
+
+def dispatch_events(k: Kernel, eid: str, typ: str) -> list[dict[str, Any]]:
+    with k.store.read() as tx:
+        return [e.payload for e in tx.list_events(eid, 0, 1000) if e.type == typ]
+
+
+def run(k: Kernel, scenario: Callable[[Dispatcher], Awaitable[Any]], **options: Any) -> Any:
+    async def main() -> Any:
+        d = Dispatcher(k, **{"poll_interval": 0.01, **options})
+        try:
+            return await scenario(d)
+        finally:
+            await d.stop()
+
+    return asyncio.run(main())
+
+
+async def deliver(d: Dispatcher) -> int:
+    n = await d.claim_and_deliver()
+    await d.drain()
+    return n
+
+
+async def until(predicate: Callable[[], bool], seconds: float = 10) -> None:
+    """Wait (bounded) for work another thread or task is doing."""
+    for _ in range(int(seconds / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached in time")
+
+
+# -- the webhook itself -------------------------------------------------------------------
+def test_webhook_body_has_rebuno_field_order_and_whole_second_lease() -> None:
+    c = Claim("d-1", "e-1", "hello", 3, 120.0)
+    assert webhook_body(c) == (b'{"execution_id":"e-1","dispatch_id":"d-1","dispatch_attempt":3,'
+                               b'"lease_timeout_seconds":120}')
+
+
+def test_webhook_body_keeps_a_fractional_lease() -> None:
+    assert json.loads(webhook_body(Claim("d", "e", "a", 1, 2.5)))["lease_timeout_seconds"] == 2.5
+
+
+def test_reaper_runs_every_quarter_lease_capped_at_two_seconds() -> None:
+    assert (reap_interval(120), reap_interval(4)) == (2.0, 1.0)
+
+
+def test_dispatcher_posts_signed_webhook_and_records_ack(kernel: Kernel, receiver: tuple[Receiver, str]) -> None:
+    r, url = receiver
+    agent(kernel, url)
+    eid = start(kernel)
+    assert run(kernel, deliver) == 1
+    [(headers, raw)] = r.requests
+    with kernel.store.read() as tx:
+        [d] = [d for d in [tx.get_dispatch(p["dispatch_id"]) for p in dispatch_events(kernel, eid, "dispatch.queued")] if d]
+    assert json.loads(raw) == {"execution_id": eid, "dispatch_id": d.id, "dispatch_attempt": 1,
+                               "lease_timeout_seconds": 120}
+    assert list(json.loads(raw)) == ["execution_id", "dispatch_id", "dispatch_attempt", "lease_timeout_seconds"]
+    assert headers["content-type"] == "application/json"
+    assert headers["rebuno-execution-id"] == eid
+    assert headers["rebuno-signature"] == "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
+    assert types(kernel, eid)[-1] == "dispatch.acked"
+    assert dispatch_events(kernel, eid, "dispatch.acked")[0]["attempt"] == 1
+    # the lease lasts for the agent's whole run: the row stays in flight after the ack
+    assert (d.status, d.attempt, d.locked_by) == (DispatchStatus.IN_FLIGHT, 1, kernel.replica_id)
+
+
+def test_agent_lease_timeout_is_sent_in_the_body(kernel: Kernel, receiver: tuple[Receiver, str]) -> None:
+    r, url = receiver
+    agent(kernel, url, lease=30)
+    start(kernel)
+    run(kernel, deliver)
+    assert r.bodies()[0]["lease_timeout_seconds"] == 30
+
+
+def test_failed_delivery_is_retried_after_backoff_with_the_next_attempt(
+    kernel: Kernel, receiver: tuple[Receiver, str]
+) -> None:
+    r, url = receiver
+    r.status = 500
+    agent(kernel, url)
+    eid = start(kernel)
+    now = kernel.clock.now()
+    run(kernel, deliver)
+    [failed] = dispatch_events(kernel, eid, "dispatch.failed")
+    assert (failed["attempt"], failed["status"], failed["error"]) == (1, "failed", "HTTP 500")
+    with kernel.store.read() as tx:
+        d = tx.get_dispatch(failed["dispatch_id"])
+    assert d is not None and d.status == DispatchStatus.FAILED and d.locked_by is None
+    assert now + timedelta(seconds=1) <= d.next_attempt_at < now + timedelta(seconds=1.25)
+    assert run(kernel, deliver) == 0  # not due yet
+    kernel.clock.advance(1.25)  # type: ignore[attr-defined]
+    r.status = 204
+    assert run(kernel, deliver) == 1
+    assert [b["dispatch_attempt"] for b in r.bodies()] == [1, 2]
+    assert dispatch_events(kernel, eid, "dispatch.acked")[0]["attempt"] == 2
+
+
+@pytest.mark.parametrize("status", [302, 401, 404, 503], ids=["redirect", "unauthorized", "not-found", "unavailable"])
+def test_any_non_2xx_answer_is_a_failed_delivery(kernel: Kernel, receiver: tuple[Receiver, str], status: int) -> None:
+    r, url = receiver
+    r.status = status
+    agent(kernel, url)
+    eid = start(kernel)
+    run(kernel, deliver)
+    assert [p["error"] for p in dispatch_events(kernel, eid, "dispatch.failed")] == [f"HTTP {status}"]
+    assert "dispatch.acked" not in types(kernel, eid)
+
+
+def test_unreachable_webhook_is_a_failed_delivery(kernel: Kernel) -> None:
+    agent(kernel, f"http://127.0.0.1:{free_port()}/webhook")
+    eid = start(kernel)
+    run(kernel, deliver)
+    [failed] = dispatch_events(kernel, eid, "dispatch.failed")
+    assert failed["error"].startswith("ConnectError")
+
+
+def test_slow_webhook_times_out_as_a_failed_delivery(kernel: Kernel, receiver: tuple[Receiver, str]) -> None:
+    r, url = receiver
+    r.release.clear()
+    agent(kernel, url)
+    eid = start(kernel)
+    run(kernel, deliver, timeout=0.2)
+    r.release.set()
+    assert [p["error"] for p in dispatch_events(kernel, eid, "dispatch.failed")] == ["timeout after 0.2s"]
+
+
+def test_delivery_failing_every_attempt_fails_the_execution_dispatch_exhausted(
+    kernel: Kernel, receiver: tuple[Receiver, str]
+) -> None:
+    r, url = receiver
+    r.status = 503
+    kernel.dispatch_max_attempts = 3
+    agent(kernel, url)
+    eid = start(kernel)
+
+    async def scenario(d: Dispatcher) -> list[int]:
+        counts = []
+        for _ in range(5):
+            counts.append(await deliver(d))
+            kernel.clock.advance(60)  # type: ignore[attr-defined]
+        return counts
+
+    assert run(kernel, scenario) == [1, 1, 1, 0, 0]
+    assert [p["attempt"] for p in dispatch_events(kernel, eid, "dispatch.failed")] == [1, 2, 3]
+    e = executions.get_execution(kernel, eid)
+    assert (e.status, e.failure_reason) == ("failed", "dispatch_exhausted")
+    assert types(kernel, eid)[-2:] == ["dispatch.failed", "execution.failed"]
+    assert dispatch_events(kernel, eid, "execution.failed")[0]["reason"] == "dispatch_exhausted"
+
+
+def test_claims_never_exceed_idle_workers(kernel: Kernel, receiver: tuple[Receiver, str]) -> None:
+    r, url = receiver
+    r.release.clear()
+    agent(kernel, url)
+    for _ in range(5):
+        start(kernel)
+
+    async def scenario(d: Dispatcher) -> list[int]:
+        first = await d.claim_and_deliver()
+        await until(lambda: len(r.requests) == 2)
+        second = await d.claim_and_deliver()  # both workers busy: nothing more is claimed
+        r.release.set()
+        await d.drain()
+        third = await deliver(d)
+        fourth = await deliver(d)
+        return [first, second, third, fourth]
+
+    assert run(kernel, scenario, concurrency=2) == [2, 0, 2, 1]
+    assert len({b["execution_id"] for b in r.bodies()}) == 5
+
+
+def test_expired_lease_is_redelivered_with_the_next_attempt(kernel: Kernel, receiver: tuple[Receiver, str]) -> None:
+    r, url = receiver
+    agent(kernel, url)
+    eid = start(kernel)
+
+    async def scenario(d: Dispatcher) -> list[int]:
+        await deliver(d)
+        kernel.clock.advance(kernel.dispatch_lease_timeout - 1)  # type: ignore[attr-defined]
+        early = await d.reap_once()
+        kernel.clock.advance(2)  # type: ignore[attr-defined]
+        late = await d.reap_once()
+        await deliver(d)
+        return [early, late]
+
+    assert run(kernel, scenario) == [0, 1]
+    assert [(b["dispatch_attempt"], b["dispatch_id"]) for b in r.bodies()] == [
+        (1, r.bodies()[0]["dispatch_id"]), (2, r.bodies()[0]["dispatch_id"])]
+    assert [p["attempt"] for p in dispatch_events(kernel, eid, "dispatch.acked")] == [1, 2]
+
+
+def test_start_reaps_expired_leases_before_delivering(kernel: Kernel, receiver: tuple[Receiver, str]) -> None:
+    r, url = receiver
+    agent(kernel, url, lease=10)
+    start(kernel)
+    [claim] = claim_due(kernel, 10)  # a replica claimed it, then died before delivering
+    kernel.clock.advance(11)  # type: ignore[attr-defined]
+
+    async def scenario(d: Dispatcher) -> None:
+        await d.start()
+        await until(lambda: len(r.requests) == 1)
+
+    run(kernel, scenario)
+    assert r.bodies()[0]["dispatch_attempt"] == claim.attempt + 1
+
+
+def test_failure_verdict_is_dropped_when_the_delivery_lost_its_row(
+    kernel: Kernel, receiver: tuple[Receiver, str]
+) -> None:
+    r, url = receiver
+    r.release.clear()
+    r.status = 500
+    kernel.dispatch_max_attempts = 1
+    kernel.policy = type("Ask", (), {"decide": lambda self, inp: Decision(Verdict.REQUIRE_APPROVAL, "ask")})()
+    agent(kernel, url)
+    eid = start(kernel)
+    req = steps.StepRequest(kind="tool_call", target="t", args=None, args_text="null", args_hash=args_hash("null"))
+
+    async def scenario(d: Dispatcher) -> str:
+        await d.claim_and_deliver()
+        await until(lambda: len(r.requests) == 1)
+        b = r.bodies()[0]
+        # during the webhook call the agent blocks on an approval, which retires the row
+        answer = await anyio.to_thread.run_sync(
+            lambda: steps.submit_step(kernel, "hello", eid, b["dispatch_id"], b["dispatch_attempt"], req))
+        r.release.set()
+        await d.drain()
+        return answer.decision
+
+    assert run(kernel, scenario) == "blocked"
+    assert executions.get_execution(kernel, eid).status == "blocked"  # not failed: verdict dropped
+    assert "dispatch.failed" in types(kernel, eid) and "execution.failed" not in types(kernel, eid)
+
+
+def test_stop_lets_a_delivery_on_the_wire_finish(kernel: Kernel, receiver: tuple[Receiver, str]) -> None:
+    r, url = receiver
+    r.release.clear()
+    agent(kernel, url)
+    eid = start(kernel)
+
+    async def main() -> None:
+        d = Dispatcher(kernel, poll_interval=0.01)
+        await d.start()
+        await until(lambda: len(r.requests) == 1)
+        stopping = asyncio.create_task(d.stop())
+        await asyncio.sleep(0)
+        assert not stopping.done()
+        r.release.set()
+        await asyncio.wait_for(stopping, 10)
+
+    asyncio.run(main())
+    assert types(kernel, eid)[-1] == "dispatch.acked"

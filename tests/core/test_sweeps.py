@@ -1,0 +1,207 @@
+"""Singleton sweeps: deadlines, approval expiry, retention, leader gating (rebuno-v0 §5.4, §7.5)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from kernel.core import executions, steps, sweeps
+from kernel.core.kernel import Kernel
+from kernel.domain import ApprovalConfig, Decision, PolicyInput, StepStatus, Verdict
+from kernel.identity import args_hash
+from kernel.store import SqlStore
+from kernel.sweeper import Sweeper
+from tests.conftest import Running
+
+KEY = "regent_test_leader"
+
+
+class AskEveryone:
+    def decide(self, inp: PolicyInput) -> Decision:
+        return Decision(Verdict.REQUIRE_APPROVAL, "ask", approval=ApprovalConfig(timeout_seconds=60))
+
+
+def req(target: str = "t") -> steps.StepRequest:
+    return steps.StepRequest(kind="tool_call", target=target, args=None, args_text="null", args_hash=args_hash("null"))
+
+
+def events(k: Kernel, eid: str) -> list[tuple[str, dict[str, Any]]]:
+    with k.store.read() as tx:
+        return [(e.type, e.payload) for e in tx.list_events(eid, 0, 1000)]
+
+
+def advance(k: Kernel, seconds: float) -> None:
+    k.clock.advance(seconds)  # type: ignore[attr-defined]
+
+
+# -- deadlines ----------------------------------------------------------------------------
+def test_deadline_sweep_cancels_executions_past_their_deadline(kernel: Kernel, running: Running) -> None:
+    kernel.deadline_timeout = 60
+    eid, did, att = running.start()
+    a = steps.submit_step(kernel, "shell", eid, did, att, req())
+    advance(kernel, 61)
+    assert sweeps.deadline_sweep(kernel, KEY) == 1
+    e = executions.get_execution(kernel, eid)
+    assert (e.status, e.failure_reason) == ("cancelled", "deadline_exceeded")
+    tail = events(kernel, eid)[-2:]
+    assert [t for t, _ in tail] == ["execution.cancelled", "step.cancelled"]
+    assert tail[0][1]["reason"] == "deadline_exceeded"
+    assert steps.get_step(kernel, eid, a.step_id, None).status == StepStatus.CANCELLED
+    with kernel.store.read() as tx:  # the lease is gone: the agent's next write is refused
+        assert not tx.renew_lease(did, eid, att, kernel.clock.now())
+
+
+def test_deadline_sweep_leaves_executions_within_their_deadline(kernel: Kernel, running: Running) -> None:
+    kernel.deadline_timeout = 60
+    eid, _, _ = running.start()
+    advance(kernel, 59)
+    assert sweeps.deadline_sweep(kernel, KEY) == 0
+    assert executions.get_execution(kernel, eid).status == "running"
+
+
+def test_deadline_sweep_ignores_executions_without_a_deadline(kernel: Kernel, running: Running) -> None:
+    eid, _, _ = running.start()
+    advance(kernel, 10**6)
+    assert sweeps.deadline_sweep(kernel, KEY) == 0
+    assert executions.get_execution(kernel, eid).status == "running"
+
+
+def test_deadline_sweep_expires_pending_approvals_of_a_blocked_execution(kernel: Kernel, running: Running) -> None:
+    kernel.deadline_timeout = 30
+    kernel.policy = AskEveryone()
+    eid, did, att = running.start()
+    assert steps.submit_step(kernel, "shell", eid, did, att, req()).decision == "blocked"
+    advance(kernel, 31)
+    assert sweeps.deadline_sweep(kernel, KEY) == 1
+    kinds = [t for t, _ in events(kernel, eid)]
+    assert kinds[-3:] == ["execution.cancelled", "approval.expired", "step.denied"]
+    assert executions.get_execution(kernel, eid).status == "cancelled"
+
+
+def test_deadline_sweep_handles_more_than_one_batch(kernel: Kernel, running: Running) -> None:
+    kernel.deadline_timeout = 5
+    ids = [running.start()[0] for _ in range(7)]
+    advance(kernel, 6)
+    assert sweeps.cancel_past_deadlines(kernel, batch=3) == 7
+    assert {executions.get_execution(kernel, i).status for i in ids} == {"cancelled"}
+
+
+# -- approvals ----------------------------------------------------------------------------
+def test_cleanup_sweep_expires_approvals_past_their_timeout(kernel: Kernel, running: Running) -> None:
+    kernel.policy = AskEveryone()
+    eid, did, att = running.start()
+    a = steps.submit_step(kernel, "shell", eid, did, att, req())
+    advance(kernel, 59)
+    assert sweeps.cleanup_sweep(kernel, KEY) == sweeps.CleanupResult()
+    advance(kernel, 2)
+    assert sweeps.cleanup_sweep(kernel, KEY) == sweeps.CleanupResult(approvals_expired=1)
+    assert [t for t, _ in events(kernel, eid)[-4:]] == [
+        "approval.expired", "step.denied", "execution.resumed", "dispatch.queued"]
+    assert steps.get_step(kernel, eid, a.step_id, None).status == StepStatus.DENIED
+    assert executions.get_execution(kernel, eid).status == "running"
+
+
+def test_cleanup_sweep_folds_in_deadlines_when_asked(kernel: Kernel, running: Running) -> None:
+    kernel.deadline_timeout = 1
+    eid, _, _ = running.start()
+    advance(kernel, 2)
+    assert sweeps.cleanup_sweep(kernel, KEY).deadlines_cancelled == 0  # type: ignore[union-attr]
+    assert sweeps.cleanup_sweep(kernel, KEY, include_deadlines=True).deadlines_cancelled == 1  # type: ignore[union-attr]
+    assert executions.get_execution(kernel, eid).failure_reason == "deadline_exceeded"
+
+
+# -- retention ----------------------------------------------------------------------------
+def _finish(kernel: Kernel, running: Running) -> str:
+    eid, did, att = running.start()
+    a = steps.submit_step(kernel, "shell", eid, did, att, req())
+    steps.record_outcome(kernel, "shell", eid, a.step_id, did, att, result={"ok": True})
+    executions.finish_execution(kernel, "shell", eid, did, att, output=1)
+    return eid
+
+
+def test_retention_deletes_old_terminal_executions_with_their_records(kernel: Kernel, running: Running) -> None:
+    kernel.retention = 3600
+    old = _finish(kernel, running)
+    advance(kernel, 3601)
+    recent = _finish(kernel, running)
+    assert sweeps.cleanup_sweep(kernel, KEY) == sweeps.CleanupResult(executions_deleted=1)
+    with kernel.store.read() as tx:
+        assert tx.get_execution(old) is None
+        assert tx.list_events(old, 0, 10) == [] and tx.list_steps(old) == []
+        assert tx.get_execution(recent) is not None
+
+
+def test_retention_never_deletes_a_live_execution(kernel: Kernel, running: Running) -> None:
+    kernel.retention = 60
+    eid, _, _ = running.start()
+    advance(kernel, 10**6)
+    assert sweeps.delete_expired_executions(kernel) == 0
+    assert executions.get_execution(kernel, eid).status == "running"
+
+
+def test_retention_counts_from_the_last_update(kernel: Kernel, running: Running) -> None:
+    kernel.retention = 60
+    eid, did, att = running.start()
+    advance(kernel, 120)  # created long ago, finished just now
+    executions.finish_execution(kernel, "shell", eid, did, att, output=None)
+    assert sweeps.delete_expired_executions(kernel) == 0
+    advance(kernel, 61)
+    assert sweeps.delete_expired_executions(kernel, batch=1) == 1
+
+
+# -- leader gating ------------------------------------------------------------------------
+@pytest.mark.postgres
+def test_sweeps_skip_when_another_replica_leads(pg_database: str, clock: Any, tmp_path: Any) -> None:
+    from kernel.store import open_store
+    from tests.conftest import _truncate
+
+    store = open_store(pg_database)
+    _truncate(store)
+    other = open_store(pg_database)  # the other replica, holding both leader locks
+    try:
+        k = Kernel(store=store, clock=clock, deadline_timeout=1)
+        eid = Running(k).start()[0]
+        advance(k, 2)
+        with other.leader(KEY) as a, other.leader(f"{KEY}:deadlines") as b:
+            assert a and b
+            assert sweeps.cleanup_sweep(k, KEY, include_deadlines=True) is None
+            assert sweeps.deadline_sweep(k, KEY) is None
+            assert executions.get_execution(k, eid).status == "running"
+        assert sweeps.deadline_sweep(k, KEY) == 1  # the lock is free again: this replica leads
+    finally:
+        other.close()
+        store.close()
+
+
+def test_sqlite_is_always_its_own_leader(sqlite_store: SqlStore) -> None:
+    with sqlite_store.leader(KEY) as leading:
+        assert leading
+
+
+# -- the background loop ------------------------------------------------------------------
+def test_sweeper_runs_both_sweeps_at_start_up_and_stops(kernel: Kernel, running: Running) -> None:
+    kernel.deadline_timeout = 1
+    kernel.retention = 60
+    done = _finish(kernel, running)
+    live = running.start()[0]
+    advance(kernel, 120)
+
+    async def main() -> None:
+        s = Sweeper(kernel, leader_key=KEY, cleanup_interval=3600, deadline_check_interval=3600)
+        await s.start()
+        for _ in range(1000):  # bounded wait for the first ticks, which run on worker threads
+            if executions.get_execution(kernel, live).status == "cancelled" and _gone(kernel, done):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(s.stop(), 5)
+
+    asyncio.run(main())
+    assert executions.get_execution(kernel, live).failure_reason == "deadline_exceeded"
+    assert _gone(kernel, done)
+
+
+def _gone(k: Kernel, eid: str) -> bool:
+    with k.store.read() as tx:
+        return tx.get_execution(eid) is None
