@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from kernel.config import Settings
 from kernel.core.kernel import Kernel
+from kernel.manifest import Manifest, load_manifest, provision
 from kernel.store import SqlStore, open_store
 from kernel.store.migrations import migrate
 
@@ -21,6 +22,7 @@ class Runtime:
     kernel: Kernel
     app: FastAPI
     closers: list[Any] = field(default_factory=list)
+    manifest: Manifest | None = None
 
     def close(self) -> None:
         for c in reversed(self.closers):
@@ -43,10 +45,32 @@ def build_kernel(settings: Settings, store: SqlStore, **overrides: Any) -> Kerne
     )
 
 
+def background_hooks(settings: Settings, kernel: Kernel) -> list[Any]:
+    """Lifespan hooks for the app: the dispatcher (delivery loop + lease reaper) and the sweeps."""
+    from kernel.dispatcher import Dispatcher
+    from kernel.sweeper import Sweeper
+
+    async def dispatcher(app: FastAPI) -> Any:
+        d = Dispatcher(kernel, concurrency=settings.dispatch_concurrency, timeout=settings.dispatch_timeout,
+                       poll_interval=settings.dispatch_poll_interval)
+        await d.start()
+        app.state.dispatcher = d
+        return d.stop
+
+    async def sweeper(app: FastAPI) -> Any:
+        s = Sweeper(kernel, leader_key=settings.leader_lock_key, cleanup_interval=settings.cleanup_interval,
+                    deadline_check_interval=settings.deadline_check_interval)
+        await s.start()
+        return s.stop
+
+    return [dispatcher, sweeper]
+
+
 def build_runtime(settings: Settings) -> Runtime:
     from kernel.api.app import create_app
 
     assert settings.db_url, "db_url is required"
+    manifest = load_manifest(settings.config) if settings.config else None  # fail before the store opens
     store = open_store(
         settings.db_url, sqlite_synchronous=settings.sqlite_synchronous, pool_size=settings.db_pool_size
     )
@@ -55,6 +79,12 @@ def build_runtime(settings: Settings) -> Runtime:
     from kernel.policy.resolver import BundleResolver
 
     kernel = build_kernel(settings, store, policy=BundleResolver(store))
+    if manifest is not None:
+        try:
+            provision(kernel, manifest)
+        except BaseException:
+            store.close()
+            raise
     token = settings.bearer_token.get_secret_value() if settings.bearer_token else None
     app = create_app(
         kernel,
@@ -62,5 +92,6 @@ def build_runtime(settings: Settings) -> Runtime:
         dev=settings.dev,
         max_body_bytes=settings.max_body_bytes,
         signature_window_seconds=settings.signature_window_seconds,
+        lifespan_hooks=background_hooks(settings, kernel),
     )
-    return Runtime(settings, store, kernel, app)
+    return Runtime(settings, store, kernel, app, manifest=manifest)
