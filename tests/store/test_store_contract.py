@@ -1,0 +1,346 @@
+"""The store contract, run on SQLite and on PostgreSQL through the parametrized `store` fixture.
+
+These pin what the core relies on from any backend (rebuno-v0 §11): gapless per-execution event
+seqs, terminal step rows that are never overwritten, monotonic occurrence counters, lease fencing,
+retiring, keyset paging, and (SQLite) one kernel process per file.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy.exc import IntegrityError
+
+from kernel.domain import (
+    Agent,
+    Dispatch,
+    DispatchStatus,
+    Execution,
+    ExecutionStatus,
+    Step,
+    StepStatus,
+)
+from kernel.errors import ConfigError
+from kernel.identity import new_uuid7
+from kernel.store import SqlStore, open_store
+from kernel.store.migrations import migrate
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+HASH = "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b"
+
+
+def _agent(store: SqlStore, agent_id: str = "agent") -> str:
+    with store.transaction() as tx:
+        tx.upsert_agent(Agent(id=agent_id, webhook_url="http://127.0.0.1:9/hook", secret="s", registered_at=T0))
+    return agent_id
+
+
+def _execution(store: SqlStore, agent_id: str, status: ExecutionStatus = ExecutionStatus.RUNNING) -> str:
+    eid = new_uuid7()
+    with store.transaction() as tx:
+        tx.insert_execution(Execution(id=eid, agent_id=agent_id, input={"i": 1}, status=status,
+                                      created_at=T0, updated_at=T0))
+    return eid
+
+
+def _dispatch(store: SqlStore, eid: str, *, status: DispatchStatus = DispatchStatus.IN_FLIGHT,
+              attempt: int = 1) -> str:
+    did = new_uuid7()
+    with store.transaction(lock=eid) as tx:
+        tx.insert_dispatch(Dispatch(id=did, execution_id=eid, status=DispatchStatus.PENDING, attempt=0,
+                                    max_attempts=5, next_attempt_at=T0, created_at=T0, updated_at=T0))
+        if status != DispatchStatus.PENDING or attempt:
+            locked = status == DispatchStatus.IN_FLIGHT
+            tx.set_dispatch(did, T0, status=status, attempt=attempt, locked_by="r1" if locked else None,
+                            locked_at=T0 if locked else None)
+    return did
+
+
+def _step(eid: str, sid: str, status: StepStatus = StepStatus.EXECUTING, occurrence: int = 0,
+          target: str = "t") -> Step:
+    return Step(step_id=sid, execution_id=eid, kind="tool_call", target=target, args_hash=HASH,
+                occurrence=occurrence, status=status, idempotency="safe_to_retry", started_at=T0)
+
+
+def _seqs(store: SqlStore, eid: str) -> list[int]:
+    with store.read() as tx:
+        return [e.event_seq for e in tx.list_events(eid, 0, 10_000)]
+
+
+# -- events -------------------------------------------------------------------------------------
+
+
+def test_append_gives_gapless_seqs_from_1(store: SqlStore) -> None:
+    a = _agent(store)
+    e1, e2 = _execution(store, a), _execution(store, a)
+    lasts = []
+    for eid, n in [(e1, 1), (e2, 2), (e1, 3), (e1, 0), (e2, 1), (e1, 2)]:
+        with store.transaction(lock=eid) as tx:
+            lasts.append(tx.append(eid, T0, [("test.event", {"i": i}) for i in range(n)]))
+    assert lasts == [1, 2, 4, 4, 3, 6]
+    assert _seqs(store, e1) == [1, 2, 3, 4, 5, 6]
+    assert _seqs(store, e2) == [1, 2, 3]  # each execution counts on its own
+    with store.read() as tx:
+        evs = tx.list_events(e1, 0, 100)
+        assert [e.payload for e in evs] == [{"i": 0}, {"i": 0}, {"i": 1}, {"i": 2}, {"i": 0}, {"i": 1}]
+        assert [e.event_seq for e in tx.list_events(e1, 4, 100)] == [5, 6]
+        assert [e.event_seq for e in tx.list_events(e1, 0, 2)] == [1, 2]
+
+
+def test_append_applies_execution_values_in_the_same_write(store: SqlStore) -> None:
+    eid = _execution(store, _agent(store))
+    later = T0 + timedelta(seconds=5)
+    with store.transaction(lock=eid) as tx:
+        tx.append(eid, later, [("execution.completed", {})], status=ExecutionStatus.COMPLETED, output={"o": 1})
+    with store.read() as tx:
+        e = tx.get_execution(eid)
+    assert e is not None and e.status == ExecutionStatus.COMPLETED and e.output == {"o": 1}
+    assert e.updated_at == later
+
+
+def test_a_rolled_back_append_consumes_no_seq(store: SqlStore) -> None:
+    eid = _execution(store, _agent(store))
+    with store.transaction(lock=eid) as tx:
+        tx.append(eid, T0, [("a", {}), ("b", {})])
+    with pytest.raises(RuntimeError), store.transaction(lock=eid) as tx:
+        tx.append(eid, T0, [("lost", {})])
+        raise RuntimeError("abort the use case")
+    with store.transaction(lock=eid) as tx:
+        assert tx.append(eid, T0, [("c", {})]) == 3
+    with store.read() as tx:
+        assert [e.type for e in tx.list_events(eid, 0, 100)] == ["a", "b", "c"]
+
+
+def test_concurrent_appends_under_the_execution_lock_stay_gapless(store: SqlStore) -> None:
+    eid = _execution(store, _agent(store))
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(20):
+                with store.transaction(lock=eid) as tx:
+                    tx.get_execution(eid)  # read, then write: the shape of every use case
+                    tx.append(eid, T0, [("w", {"w": n, "i": i}), ("w2", {"w": n, "i": i})])
+        except BaseException as exc:  # pragma: no cover - surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors, errors
+    seqs = _seqs(store, eid)
+    assert seqs == list(range(1, 4 * 20 * 2 + 1))
+    with store.read() as tx:
+        evs = tx.list_events(eid, 0, 1000)
+    # the two events of one transaction are contiguous
+    for first, second in zip(evs[::2], evs[1::2], strict=True):
+        assert (first.type, second.type) == ("w", "w2") and first.payload == second.payload
+
+
+# -- steps ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("terminal", [StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.DENIED,
+                                      StepStatus.CANCELLED])
+def test_update_step_never_overwrites_a_terminal_row(store: SqlStore, terminal: StepStatus) -> None:
+    eid = _execution(store, _agent(store))
+    sid = "a" * 64
+    done = T0 + timedelta(seconds=1)
+    with store.transaction(lock=eid) as tx:
+        tx.insert_step(_step(eid, sid), '{"x":1}')
+        assert tx.update_step(sid, status=terminal, result={"r": 1}, error={"reason": "e"}, completed_at=done,
+                              usage_input=3, usage_output=4)
+    for attempt in [
+        {"status": StepStatus.EXECUTING},
+        {"status": StepStatus.SUCCEEDED, "result": {"r": 2}},
+        {"status": StepStatus.FAILED, "error": {"reason": "other"}},
+        {"result": {"r": 3}},
+        {"error": None},
+        {"completed_at": done + timedelta(hours=1)},
+        {"usage_input": 100, "usage_output": 100},
+    ]:
+        with store.transaction(lock=eid) as tx:
+            assert tx.update_step(sid, **attempt) is False, attempt
+    with store.read() as tx:
+        s = tx.get_step(sid)
+    assert s is not None
+    assert (s.status, s.result, s.error, s.completed_at, s.usage_input, s.usage_output) == (
+        terminal, {"r": 1}, {"reason": "e"}, done, 3, 4)
+    assert s.args == {"x": 1}
+
+
+def test_update_step_moves_non_terminal_rows(store: SqlStore) -> None:
+    eid = _execution(store, _agent(store))
+    sid = "b" * 64
+    with store.transaction(lock=eid) as tx:
+        tx.insert_step(_step(eid, sid, StepStatus.AWAITING_APPROVAL), None)
+        assert tx.update_step(sid, status=StepStatus.ALLOWED)
+        assert tx.update_step(sid, status=StepStatus.EXECUTING, started_at=T0)
+        assert tx.update_step("c" * 64, status=StepStatus.EXECUTING) is False  # unknown step
+    with store.read() as tx:
+        s = tx.get_step(sid)
+    assert s is not None and s.status == StepStatus.EXECUTING
+
+
+def test_step_identity_is_unique(store: SqlStore) -> None:
+    eid = _execution(store, _agent(store))
+    with store.transaction(lock=eid) as tx:
+        tx.insert_step(_step(eid, "d" * 64), None)
+    # same step id
+    with pytest.raises(IntegrityError), store.transaction(lock=eid) as tx:
+        tx.insert_step(_step(eid, "d" * 64), None)
+    # different id, same (execution, kind, target, args_hash, occurrence)
+    with pytest.raises(IntegrityError), store.transaction(lock=eid) as tx:
+        tx.insert_step(_step(eid, "e" * 64), None)
+    with store.transaction(lock=eid) as tx:
+        tx.insert_step(_step(eid, "f" * 64, occurrence=1), None)
+    with store.read() as tx:
+        assert sorted(s.step_id for s in tx.list_steps(eid)) == ["d" * 64, "f" * 64]
+
+
+# -- occurrence counters --------------------------------------------------------------------------
+
+
+def test_advance_counter_never_moves_backwards(store: SqlStore) -> None:
+    eid = _execution(store, _agent(store))
+    did = _dispatch(store, eid)
+    key = (did, "tool_call", "t", HASH)
+    with store.transaction(lock=eid) as tx:
+        assert tx.get_counter(*key) == 0
+        tx.advance_counter(*key, 3)
+        assert tx.get_counter(*key) == 3
+    for to, want in [(1, 3), (3, 3), (0, 3), (5, 5), (4, 5)]:
+        with store.transaction(lock=eid) as tx:
+            tx.advance_counter(*key, to)
+        with store.read() as tx:
+            assert tx.get_counter(*key) == want, (to, want)
+    with store.read() as tx:  # counters are keyed by every part
+        assert tx.get_counter(did, "llm_call", "t", HASH) == 0
+        assert tx.get_counter(did, "tool_call", "T", HASH) == 0
+        assert tx.get_counter(did, "tool_call", "t", "0" * 64) == 0
+        assert tx.get_counter(new_uuid7(), "tool_call", "t", HASH) == 0
+    with store.transaction(lock=eid) as tx:
+        tx.clear_counters(did)  # a new claim replays from occurrence 0
+    with store.read() as tx:
+        assert tx.get_counter(*key) == 0
+
+
+# -- leases ---------------------------------------------------------------------------------------
+
+
+def test_renew_lease_fences_wrong_attempt_execution_and_status(store: SqlStore) -> None:
+    a = _agent(store)
+    eid, other = _execution(store, a), _execution(store, a)
+    did = _dispatch(store, eid, attempt=2)
+    later = T0 + timedelta(seconds=30)
+
+    def locked_at() -> datetime | None:
+        with store.read() as tx:
+            d = tx.get_dispatch(did)
+        assert d is not None
+        return d.locked_at
+
+    for args in [(did, eid, 1), (did, eid, 3), (did, other, 2), (new_uuid7(), eid, 2)]:
+        with store.transaction(lock=eid) as tx:
+            assert tx.renew_lease(args[0], args[1], args[2], later) is False, args
+    assert locked_at() == T0  # fenced calls change nothing
+    with store.transaction(lock=eid) as tx:
+        assert tx.renew_lease(did, eid, 2, later) is True
+    assert locked_at() == later
+    for status in (DispatchStatus.PENDING, DispatchStatus.FAILED, DispatchStatus.EXHAUSTED):
+        with store.transaction(lock=eid) as tx:
+            tx.set_dispatch(did, later, status=status)
+        with store.transaction(lock=eid) as tx:
+            assert tx.renew_lease(did, eid, 2, later + timedelta(seconds=1)) is False, status
+    assert locked_at() == later
+
+
+def test_retire_dispatches(store: SqlStore) -> None:
+    a = _agent(store)
+    eid, other = _execution(store, a), _execution(store, a)
+    live = _dispatch(store, eid, attempt=1)
+    queued = _dispatch(store, eid, status=DispatchStatus.PENDING, attempt=0)
+    failed = _dispatch(store, eid, status=DispatchStatus.FAILED, attempt=2)
+    bystander = _dispatch(store, other, attempt=1)
+    later = T0 + timedelta(seconds=9)
+    with store.transaction(lock=eid) as tx:
+        tx.retire_dispatches(eid, later)
+    with store.read() as tx:
+        for did in (live, queued, failed):
+            d = tx.get_dispatch(did)
+            assert d is not None and d.status == DispatchStatus.EXHAUSTED
+            assert d.locked_by is None and d.locked_at is None
+        assert [d.attempt for d in map(tx.get_dispatch, (live, queued, failed)) if d] == [1, 0, 2]  # kept
+        b = tx.get_dispatch(bystander)
+        assert b is not None and b.status == DispatchStatus.IN_FLIGHT and b.locked_by == "r1"
+        assert live not in tx.due_dispatch_ids(later + timedelta(days=1), 100)
+        assert queued not in tx.due_dispatch_ids(later + timedelta(days=1), 100)
+    with store.transaction(lock=eid) as tx:
+        assert tx.renew_lease(live, eid, 1, later) is False
+        tx.retire_dispatches(eid, later)  # idempotent
+    with store.transaction(lock=other) as tx:
+        assert tx.renew_lease(bystander, other, 1, later) is True
+
+
+# -- listing ---------------------------------------------------------------------------------------
+
+
+def test_list_executions_keyset_paging(store: SqlStore) -> None:
+    a, b = _agent(store, "a"), _agent(store, "b")
+    ids = [_execution(store, a if i % 3 else b) for i in range(11)]
+    with store.transaction(lock=ids[0]) as tx:
+        tx.set_execution(ids[0], T0, status=ExecutionStatus.COMPLETED)
+    newest_first = sorted(ids, reverse=True)
+    assert newest_first == ids[::-1]  # UUIDv7: creation order is id order
+
+    def pages(agent_id: str | None, status: str | None, limit: int) -> list[list[str]]:
+        out: list[list[str]] = []
+        cursor = None
+        for _ in range(50):  # bounded
+            with store.read() as tx:
+                page = [e.id for e in tx.list_executions(agent_id, status, cursor, limit)]
+            if not page:
+                break
+            out.append(page)
+            cursor = page[-1]
+        return out
+
+    got = pages(None, None, 3)
+    assert [len(p) for p in got] == [3, 3, 3, 2]
+    assert [x for p in got for x in p] == newest_first  # disjoint, complete, newest first
+    assert [x for p in pages("b", None, 2) for x in p] == [x for x in newest_first if ids.index(x) % 3 == 0]
+    assert [x for p in pages(None, "completed", 5) for x in p] == [ids[0]]
+    assert pages(None, "no-such-status", 5) == []
+    assert pages("nobody", None, 5) == []
+    with store.read() as tx:
+        # the cursor selects ids strictly lower, whether or not it names a row
+        assert [e.id for e in tx.list_executions(None, None, ids[5], 100)] == ids[:5][::-1]
+        assert tx.list_executions(None, None, "00000000-0000-0000-0000-000000000000", 100) == []
+        assert len(tx.list_executions(None, None, "ffffffff-ffff-ffff-ffff-ffffffffffff", 100)) == 11
+
+
+# -- SQLite: one kernel per file --------------------------------------------------------------------
+
+
+def test_second_sqlite_store_on_the_same_file_is_refused(tmp_path: Any) -> None:
+    path = tmp_path / "one.db"
+    first = open_store(f"sqlite:///{path}")
+    try:
+        migrate(first)
+        with pytest.raises(ConfigError) as info:
+            open_store(f"sqlite:///{path}")
+        assert str(path) in info.value.message
+        # a relative spelling of the same file is the same file
+        with pytest.raises(ConfigError):
+            open_store(f"sqlite:///{path.parent}/./one.db")
+        other = open_store(f"sqlite:///{tmp_path / 'two.db'}")  # another file is fine
+        other.close()
+    finally:
+        first.close()
+    again = open_store(f"sqlite:///{path}")  # released on close
+    again.close()
