@@ -188,6 +188,7 @@ class Dispatcher:
         if claim.discarded or claim.exhausted:
             return  # the claim itself recorded what happened; nothing goes on the wire
         self.delivered += 1
+        detail: str | None
         if agent is None:
             ok, detail = False, f"agent {claim.agent_id!r} not found"
         else:

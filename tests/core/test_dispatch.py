@@ -24,7 +24,7 @@ from kernel.core.agents import register_agent
 from kernel.core.dispatch import Claim, claim_due
 from kernel.core.kernel import Kernel
 from kernel.dispatcher import Dispatcher, reap_interval, webhook_body
-from kernel.domain import Decision, DispatchStatus, Verdict
+from kernel.domain import Decision, DispatchStatus, PolicyInput, Verdict
 from kernel.identity import args_hash
 from tests.support import ServerThread, free_port
 
@@ -57,6 +57,11 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
     with ServerThread(r.app) as srv:
         yield r, f"{srv.url}/webhook"
         r.release.set()
+
+
+class AskEveryone:
+    def decide(self, inp: PolicyInput) -> Decision:
+        return Decision(Verdict.REQUIRE_APPROVAL, "ask")
 
 
 def agent(k: Kernel, url: str, lease: int | None = None, agent_id: str = "hello") -> None:
@@ -286,7 +291,7 @@ def test_failure_verdict_is_dropped_when_the_delivery_lost_its_row(
     r.release.clear()
     r.status = 500
     kernel.dispatch_max_attempts = 1
-    kernel.policy = type("Ask", (), {"decide": lambda self, inp: Decision(Verdict.REQUIRE_APPROVAL, "ask")})()
+    kernel.policy = AskEveryone()
     agent(kernel, url)
     eid = start(kernel)
     req = steps.StepRequest(kind="tool_call", target="t", args=None, args_text="null", args_hash=args_hash("null"))

@@ -153,7 +153,7 @@ def test_retention_counts_from_the_last_update(kernel: Kernel, running: Running)
 
 # -- leader gating ------------------------------------------------------------------------
 @pytest.mark.postgres
-def test_sweeps_skip_when_another_replica_leads(pg_database: str, clock: Any, tmp_path: Any) -> None:
+def test_sweeps_skip_when_another_replica_leads(pg_database: str, clock: Any) -> None:
     from kernel.store import open_store
     from tests.conftest import _truncate
 
