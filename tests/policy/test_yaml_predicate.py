@@ -56,7 +56,9 @@ def test_format_value_matches_go_percent_v(raw: str, text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "text"), [("1000000", "1e+06"), ("1.50", "1.5"), ("0.00001", "1e-05")], ids=["1e6", "1.5", "1e-5"]
+    ("raw", "text"),
+    [("1000000", "1e+06"), ("1.50", "1.5"), ("0.00001", "1e-05")],
+    ids=["1e6", "1.5", "1e-5"],
 )
 def test_format_value_formats_decimals_as_float64(raw: str, text: str) -> None:
     assert format_value(json.loads(raw, parse_float=Decimal, parse_int=Decimal)) == text
