@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -30,6 +31,16 @@ def _settings(args: argparse.Namespace, **forced: object) -> Settings:
         raise ConfigError(f"invalid settings: {exc}") from None
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind and listen before anything starts: the dispatcher may deliver a webhook during app
+    start-up, and the agent's call back must queue in the backlog rather than be refused."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def _serve(settings: Settings) -> int:
     import signal
 
@@ -37,7 +48,12 @@ def _serve(settings: Settings) -> int:
 
     from kernel.bootstrap import build_runtime
 
-    rt = build_runtime(settings)
+    sock = _listen(settings.host, settings.port)
+    try:
+        rt = build_runtime(settings)
+    except BaseException:
+        sock.close()
+        raise
     url = f"http://{settings.host}:{settings.port}"
     console.print(f"[bold]regent[/] {'dev' if settings.dev else 'serve'} on [cyan]{url}[/]")
     console.print(f"  store   {rt.store.dialect} {_redact(settings.db_url or '')}")
@@ -65,7 +81,7 @@ def _serve(settings: Settings) -> int:
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

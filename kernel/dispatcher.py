@@ -160,18 +160,24 @@ class Dispatcher:
             log.error("delivery task failed", exc_info=task.exception())
 
     async def _deliver_loop(self) -> None:
+        failures = 0
         while not self._stopping.is_set():
             self._wake.clear()
+            wait = self.poll_interval
             try:
                 started = await self.claim_and_deliver()
+                failures = 0
             except Exception:
-                log.exception("claiming dispatches failed; retrying after the poll interval")
+                # The store is unreachable or failing: back off (up to 5 s) instead of spinning.
+                failures += 1
+                wait = min(self.poll_interval * 2**failures, 5.0)
+                log.exception("claiming dispatches failed (%d in a row); retrying in %.2fs", failures, wait)
                 started = 0
             if started and len(self._active) < self.concurrency:
                 continue  # more may be due right now: claim again before sleeping
             with contextlib.suppress(TimeoutError):
                 # Sleep until the poll interval passes, a worker frees up, or a reap happens.
-                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
 
     async def _every(self, interval: float, fn: Callable[[], Awaitable[Any]]) -> None:
         while not self._stopping.is_set():

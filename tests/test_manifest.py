@@ -12,6 +12,7 @@ from kernel.cli import main as cli_main
 from kernel.core.kernel import Kernel
 from kernel.errors import ConfigError
 from kernel.manifest import expand_env, load_manifest, parse_manifest, provision
+from tests.support import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -176,7 +177,7 @@ def test_shipped_dev_manifest_loads_with_its_dev_defaults() -> None:
 def test_dev_refuses_to_start_on_a_malformed_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = write(tmp_path, AGENT + "    colour: red\n")
     db = tmp_path / "r.db"
-    assert cli_main(["dev", "--db-url", f"sqlite:///{db}", "--config", str(bad), "--port", "1"]) == 2
+    assert cli_main(["dev", "--db-url", f"sqlite:///{db}", "--config", str(bad), "--port", str(free_port())]) == 2
     err = capsys.readouterr().err
     assert f"{bad}:5" in " ".join(err.split()) and "colour" in err
     assert not db.exists()  # the manifest is checked before the store is opened

@@ -74,10 +74,10 @@ class Proc:
 
 
 class KernelProc(Proc):
-    def __init__(self, command: str, port: int, db_url: str, manifest: Path, log: Path, **env: str):
+    def __init__(self, command: str, port: int, db_url: str, manifest: Path | None, log: Path, **env: str):
         self.url = f"http://127.0.0.1:{port}"
-        argv = [sys.executable, "-m", "kernel", command, "--port", str(port), "--db-url", db_url,
-                "--config", str(manifest)]
+        argv = [sys.executable, "-m", "kernel", command, "--port", str(port), "--db-url", db_url]
+        argv += ["--config", str(manifest)] if manifest is not None else []
         super().__init__(argv, clean_env(**env), log)
         wait_for(self._healthy, f"regent {command} on {self.url}\n{self.output()}")
 
@@ -89,10 +89,10 @@ class KernelProc(Proc):
         except httpx.HTTPError:
             return False
 
-    def stop_gracefully(self) -> None:
-        rc = self.stop(signal.SIGTERM)
+    def stop_gracefully(self, sig: int = signal.SIGTERM) -> None:
+        rc = self.stop(sig)
         out = self.output()
-        assert rc == 0, f"regent exited {rc} on SIGTERM:\n{out}"
+        assert rc == 0, f"regent exited {rc} on {signal.Signals(sig).name}:\n{out}"
         assert "regent: stopped" in out
         assert "Traceback" not in out, out
 
