@@ -4,6 +4,7 @@ every boot. Agents the manifest does not list are left alone."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -216,16 +217,40 @@ class _Parser:
         return p
 
 
-def apply_policy(agent_id: str, source: PolicySource) -> None:
-    """Install an agent's bundle from the manifest. Placeholder until the YAML/Rego engines are
-    wired here: the source is recorded on the manifest entry and nothing is stored yet."""
-    log.debug("manifest policy for %s recorded, not applied yet: %s", agent_id, source)
+def policy_content(source: PolicySource) -> tuple[str, str]:
+    """(kind, stored content) of a manifest bundle: a `.yaml`/`.yml` file or inline text is YAML;
+    a directory or a `.tar.gz`/`.tgz` is a Rego bundle (stored as its JSON mapping)."""
+    if isinstance(source, str):
+        return "yaml", source
+    name = source.name.lower()
+    if source.is_dir() or name.endswith((".tar.gz", ".tgz")):
+        from kernel.policy.rego import load_rego_bundle
+
+        b = load_rego_bundle(source)
+        mapping = {"modules": dict(b.modules), "data": b.data, "manifest": b.manifest}
+        return "rego", json.dumps(mapping, sort_keys=True, ensure_ascii=False)
+    return "yaml", source.read_text(encoding="utf-8")
 
 
-def provision(k: Kernel, manifest: Manifest, apply: PolicyHook = apply_policy) -> list[ManifestAgent]:
-    """Upsert every listed agent (its stored policy kept), then hand each bundle to `apply`."""
+def provision(k: Kernel, manifest: Manifest, apply: PolicyHook | None = None) -> list[ManifestAgent]:
+    """Upsert every listed agent (its stored policy kept), then store each bundle (compiled first:
+    a bundle that does not compile fails the boot naming the manifest and the agent)."""
+    from kernel.core.policies import store_policy
+    from kernel.errors import ValidationError
+
     for a in manifest.agents:
         register_agent(k, a.id, a.webhook_url, a.secret, a.lease_timeout_seconds, keep_policy=True)
-        if a.policy_source is not None:
-            apply(a.id, a.policy_source)
+        source = a.policy_source
+        if source is None:
+            continue
+        if apply is not None:
+            apply(a.id, source)
+            continue
+        try:
+            kind, content = policy_content(source)
+            store_policy(k, a.id, kind, content)
+        except (ValidationError, OSError) as exc:
+            where = f"{source}" if isinstance(source, Path) else "inline policy"
+            raise ConfigError(f"{manifest.path}: agent {a.id!r}: {where}: "
+                              f"{getattr(exc, 'message', exc)}") from None
     return list(manifest.agents)
