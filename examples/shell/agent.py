@@ -63,13 +63,15 @@ async def run_once(command: str) -> int:
     async with rebuno.Client(KERNEL_URL) as client:
         e = await client.create("shell", {"command": command})
         print(f"execution {e.id}", file=sys.stderr)
+        told = False
         for _ in range(3000):  # up to five minutes (an approval may be pending)
             e = await client.get(e.id)
             if e.status in ("completed", "failed", "cancelled"):
                 break
-            if e.status == "blocked":
+            if e.status == "blocked" and not told:
                 print("waiting for an approval: GET /v0/approvals?status=pending", file=sys.stderr)
-            await asyncio.sleep(0.1 if e.status != "blocked" else 2)
+                told = True
+            await asyncio.sleep(0.1)
         print(e.status, e.output if e.status == "completed" else e.failure_reason)
         return 0 if e.status == "completed" else 1
 

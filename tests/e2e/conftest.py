@@ -182,7 +182,7 @@ DEV_KERNEL_ENV = {
     "REGENT_DISPATCH_TIMEOUT": "5s",
     "REGENT_LOG_LEVEL": "info",
 }
-AGENTS = ("hello", "crash", "llm", "ticks", "gated", "refused", "wrong-secret")
+AGENTS = ("hello", "shell", "crash", "llm", "ticks", "gated", "refused", "wrong-secret")
 
 
 class DevKernel:

@@ -71,6 +71,19 @@ def test_hello_example_client_runs_an_execution(k: DevKernel) -> None:
     assert out.stdout.startswith("completed") and "Hello, Grace!" in out.stdout
 
 
+def test_shell_example_runs_allowed_commands_and_waits_for_approval_on_others(k: DevKernel) -> None:
+    k.agent("shell", script=REPO / "examples" / "shell" / "agent.py", argv=["--port", str(k.ports["shell"])])
+    bundle = (REPO / "bundles" / "shell.yaml").read_text()
+    assert k.api.http.post("/v0/policies/shell", json={"bundle": bundle}).status_code == 204
+    ok = k.api.wait_status(k.api.create("shell", {"command": "echo hi"}), "completed", "failed")
+    assert ok["output"]["result"] == {"exit_code": 0, "stdout": "hi\n", "stderr": ""}
+    eid = k.api.create("shell", {"command": "rm -rf /nonexistent"})
+    k.api.wait_status(eid, "blocked")
+    pending = k.api.http.get("/v0/approvals", params={"status": "pending"}).json()
+    assert [a["approvers"] for a in pending if a["execution_id"] == eid] == [["oncall"]]
+    assert k.api.http.post(f"/v0/executions/{eid}/cancel").status_code == 204
+
+
 def test_agent_killed_after_an_effect_is_redelivered_and_the_effect_runs_once(k: DevKernel) -> None:
     first = k.agent("crash", MODE="crash", HANG="1")
     eid = k.api.create("crash")
