@@ -330,3 +330,26 @@ def test_stop_lets_a_delivery_on_the_wire_finish(kernel: Kernel, receiver: tuple
 
     asyncio.run(main())
     assert types(kernel, eid)[-1] == "dispatch.acked"
+
+
+def test_agent_that_acks_but_never_reports_is_exhausted_at_the_claim_after_the_last_attempt(
+    kernel: Kernel, receiver: tuple[Receiver, str]
+) -> None:
+    r, url = receiver
+    kernel.dispatch_max_attempts = 2
+    agent(kernel, url)
+    eid = start(kernel)
+
+    async def scenario(d: Dispatcher) -> list[int]:
+        reaped = []
+        for _ in range(3):
+            await deliver(d)
+            kernel.clock.advance(kernel.dispatch_lease_timeout + 1)  # type: ignore[attr-defined]
+            reaped.append(await d.reap_once())
+        return reaped
+
+    assert run(kernel, scenario) == [1, 1, 0]
+    assert [b["dispatch_attempt"] for b in r.bodies()] == [1, 2]  # N deliveries, no third request
+    e = executions.get_execution(kernel, eid)
+    assert (e.status, e.failure_reason) == ("failed", "dispatch_exhausted")
+    assert "dispatch.failed" not in types(kernel, eid)
