@@ -71,18 +71,25 @@ def build_runtime(settings: Settings) -> Runtime:
 
     assert settings.db_url, "db_url is required"
     manifest = load_manifest(settings.config) if settings.config else None  # fail before the store opens
+    from kernel.ratelimit import LimitsLimiter
+
+    limiter = LimitsLimiter(settings.rate_limit_storage)  # a bad URI fails before the store opens
     store = open_store(
         settings.db_url, sqlite_synchronous=settings.sqlite_synchronous, pool_size=settings.db_pool_size
     )
     if settings.auto_migrate:
         migrate(store)
-    from kernel.policy.resolver import BundleResolver
+    from kernel.policy.resolver import BundleResolver, LazyRegoEngine
 
-    kernel = build_kernel(settings, store, policy=BundleResolver(store))
+    resolver = BundleResolver(
+        store, rego=LazyRegoEngine(size=settings.rego_workers, timeout=settings.rego_timeout)
+    )
+    kernel = build_kernel(settings, store, policy=resolver, limiter=limiter)
     if manifest is not None:
         try:
             provision(kernel, manifest)
         except BaseException:
+            limiter.close()
             store.close()
             raise
     token = settings.bearer_token.get_secret_value() if settings.bearer_token else None
@@ -94,4 +101,4 @@ def build_runtime(settings: Settings) -> Runtime:
         signature_window_seconds=settings.signature_window_seconds,
         lifespan_hooks=background_hooks(settings, kernel),
     )
-    return Runtime(settings, store, kernel, app, manifest=manifest)
+    return Runtime(settings, store, kernel, app, closers=[limiter.close, resolver.close], manifest=manifest)

@@ -4,6 +4,7 @@ whole responses or server-sent event streams."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 _INPUT_KEYS = frozenset({"prompt_tokens", "input_tokens", "inputTokens", "promptTokenCount", "prompt_eval_count"})
@@ -11,6 +12,9 @@ _OUTPUT_KEYS = frozenset(
     {"completion_tokens", "output_tokens", "outputTokens", "candidatesTokenCount", "eval_count"}
 )
 _MAX_NODES = 200_000  # bound the scan: a hostile result cannot make completion slow
+# One call's count is capped so the BIGINT meter (a sum over steps) cannot overflow: a trillion is
+# far beyond any real call and leaves room for millions of steps below 2**63.
+_MAX_TOKENS = 10**12
 
 
 def parse_usage(result: Any) -> tuple[int, int] | None:
@@ -52,7 +56,9 @@ def _scan(root: Any, best: list[int]) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
                 if isinstance(value, int | float) and not isinstance(value, bool):
-                    n = int(value)
+                    if isinstance(value, float) and not math.isfinite(value):
+                        continue  # `1e400`, NaN, Infinity decode to floats int() cannot take
+                    n = min(int(value), _MAX_TOKENS)
                     if key in _INPUT_KEYS:
                         best[0] = max(best[0], n)
                     elif key in _OUTPUT_KEYS:
