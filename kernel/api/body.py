@@ -51,7 +51,8 @@ def loads_json(raw: bytes, *, lexical: bool = False) -> Any:
         raise ValidationError("validation error: empty body")
     try:
         text = raw.decode("utf-8")
-        decoder = json.JSONDecoder(parse_int=_Number, parse_float=_Number) if lexical else _DECODER
+        decoder = (json.JSONDecoder(parse_int=_Number, parse_float=_Number, parse_constant=_no_constant)
+                   if lexical else _DECODER)
         # Only the first JSON value is read (as Rebuno does); trailing bytes are rejected below
         # unless they are whitespace — Regent chooses the stricter reading (docs/api.md).
         value, end = decoder.raw_decode(text.lstrip())
@@ -64,7 +65,18 @@ def loads_json(raw: bytes, *, lexical: bool = False) -> Any:
         raise ValidationError("validation error: JSON body nested too deeply") from None
 
 
-_DECODER = json.JSONDecoder()
+def _no_constant(name: str) -> Any:
+    raise ValidationError(f"validation error: {name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValidationError(f"validation error: number {text[:40]} is out of range")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
 
 
 def dumps_lexical(value: Any) -> str:

@@ -34,8 +34,8 @@ class SqliteStore(SqlStore):
         engine = create_engine(
             f"sqlite:///{self.path}",
             connect_args={"check_same_thread": False},
-            pool_size=8,
-            max_overflow=16,
+            pool_size=16,
+            max_overflow=48,
         )
 
         @event.listens_for(engine, "connect")
@@ -102,13 +102,13 @@ class SqliteStore(SqlStore):
             read_tx = reader.begin()
 
             def escalate() -> Connection:
+                # The same connection switches to a write transaction: a transaction never holds
+                # two pooled connections, so a full pool cannot deadlock against the write lock.
                 read_tx.commit()
                 stack.enter_context(self._write_lock)
-                conn = stack.enter_context(
-                    self.engine.connect().execution_options(sqlite_begin="IMMEDIATE")
-                )
-                stack.enter_context(conn.begin())
-                return conn
+                reader.execution_options(sqlite_begin="IMMEDIATE")
+                stack.enter_context(reader.begin())
+                return reader
 
             try:
                 yield Tx(self, reader, escalate)

@@ -217,3 +217,14 @@ def test_unimplemented_sdk_extensions_are_404(server: ServerThread, running: Run
 def test_health_and_ready(server: ServerThread) -> None:
     assert httpx.get(f"{server.url}/v0/health").json() == {"status": "ok"}
     assert httpx.get(f"{server.url}/v0/ready").json() == {"status": "ready"}
+
+
+@pytest.mark.parametrize("raw", [b'{"result": NaN}', b'{"result": Infinity}', b'{"result": 1e400}'],
+                         ids=["nan", "infinity", "overflow"])
+def test_non_finite_numbers_are_400_not_500(server: ServerThread, running: Running, agent_client: AgentClient,
+                                            raw: bytes) -> None:
+    eid, did, att = running.start()
+    agent_client.lease(did, att)
+    sid = agent_client.submit(eid, "t").json()["step_id"]
+    r = agent_client.request("POST", f"/v0/executions/{eid}/steps/{sid}/complete", raw=raw)
+    assert r.status_code == 400 and r.json()["code"] == "validation_error"
