@@ -20,7 +20,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.e2e.conftest import REPO, SECRET, DevKernel, clean_env, sign_webhook, wait_for
+from tests.e2e.conftest import (
+    REPO,
+    SECRET,
+    DevKernel,
+    clean_env,
+    dev_kernel_for,
+    sign_webhook,
+    wait_for,
+)
 from tests.support import ServerThread
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -100,15 +108,18 @@ def test_agent_killed_after_an_effect_is_redelivered_and_the_effect_runs_once(k:
     assert second.effect_lines() == [f"{eid} a", f"{eid} b"]
     assert e["output"]["results"] == ["did a", "did b"]
     # the local step's value replayed identically after re-delivery
-    tokens = [(r["attempt"], r["token"]) for r in second.log_lines("token")]
-    assert [a for a, _ in tokens] == [1, 2] and tokens[0][1] == tokens[1][1] == e["output"]["token"]
-    events = k.api.events(eid)
-    [(d1, a1), (d2, a2)] = acked(events)
-    assert (d1 == d2, a1, a2) == (True, 1, 2)  # same dispatch row, re-claimed with the next attempt
+    tokens = [(r["attempt"], r["token"], r["pid"]) for r in second.log_lines("token")]
+    assert tokens[0][0] == 1 and len({pid for _, _, pid in tokens}) == 2
+    assert {t for _, t, _ in tokens} == {e["output"]["token"]}
+    # the same dispatch row, re-claimed with a later attempt (a refused delivery while the new
+    # process was starting, or a lease lost on a loaded machine, may take an attempt of its own)
+    deliveries = acked(k.api.events(eid))
+    assert len({d for d, _ in deliveries}) == 1 and deliveries[0][1] == 1 and len(deliveries) >= 2
+    assert [a for _, a in deliveries] == sorted({a for _, a in deliveries})
     steps = k.api.steps(eid)
     assert sorted((s["kind"], s["target"], s["status"]) for s in steps) == [
         ("local", "token", "succeeded"), ("tool_call", "effect", "succeeded"), ("tool_call", "effect", "succeeded")]
-    assert redelivered_after < 15, f"re-delivery took {redelivered_after:.1f}s for a 4 s lease"
+    assert redelivered_after < 20, f"re-delivery took {redelivered_after:.1f}s for a 5 s lease"
 
 
 class FakeProvider:
@@ -144,7 +155,8 @@ def test_llm_call_through_the_sdk_transport_is_recorded_once_and_replayed(k: Dev
         assert e["status"] == "completed", e
         assert provider.calls == 1  # the re-delivered attempt replayed the recorded response
     assert e["output"] == {"reply": "hi #1"}
-    assert [(r["attempt"], r["reply"]) for r in second.log_lines("llm")] == [(1, "hi #1"), (2, "hi #1")]
+    replies = [(r["attempt"], r["reply"]) for r in second.log_lines("llm")]
+    assert replies[0][0] == 1 and len(replies) >= 2 and {r for _, r in replies} == {"hi #1"}
     assert len(k.api.steps(eid)) == 1
 
 
@@ -172,8 +184,19 @@ def test_cancel_mid_run_ends_cancelled_and_the_agent_unwinds_cleanly(k: DevKerne
     assert "Traceback" not in a.output()
 
 
+@pytest.fixture(scope="module")
+def three_attempts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevKernel]:
+    """A kernel that gives up after three failed deliveries."""
+    with dev_kernel_for(("refused", "wrong-secret"), tmp_path_factory.mktemp("exhaust"),
+                        REGENT_DISPATCH_MAX_ATTEMPTS="3") as k:
+        yield k
+
+
 @pytest.mark.parametrize("agent_id", ["refused", "wrong-secret"], ids=["connection-refused", "sdk-answers-401"])
-def test_webhook_refusing_deliveries_fails_the_execution_dispatch_exhausted(k: DevKernel, agent_id: str) -> None:
+def test_webhook_refusing_deliveries_fails_the_execution_dispatch_exhausted(
+    three_attempts: DevKernel, agent_id: str
+) -> None:
+    k = three_attempts
     agent = k.agent(agent_id, MODE="bulk", secret="not-the-secret") if agent_id == "wrong-secret" else None
     eid = k.api.create(agent_id)
     e = k.api.wait_status(eid, "failed", "completed", timeout=30)
