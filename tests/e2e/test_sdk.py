@@ -236,3 +236,17 @@ def test_duplicate_webhook_delivery_does_not_duplicate_an_effect(k: DevKernel) -
     assert len(k.api.events(eid)) == count
     assert [x for _, x in acked(k.api.events(eid))] == [1]
 
+
+
+def test_execution_past_its_deadline_is_cancelled_and_the_agent_unwinds(tmp_path: Any) -> None:
+    with dev_kernel_for(("ticks",), tmp_path, REGENT_DEADLINE_TIMEOUT="2s",
+                        REGENT_DEADLINE_CHECK_INTERVAL="200ms") as k:
+        a = k.agent("ticks", MODE="ticks")
+        eid = k.api.create("ticks")
+        assert "deadline_at" in k.api.get(eid)
+        e = k.api.wait_status(eid, "cancelled", "completed", "failed", timeout=20)
+        assert (e["status"], e["failure_reason"]) == ("cancelled", "deadline_exceeded")
+        [cancelled] = [ev for ev in k.api.events(eid) if ev["type"] == "execution.cancelled"]
+        assert cancelled["payload"]["reason"] == "deadline_exceeded"
+        wait_for(lambda: a.log_lines("exited"), "the handler to unwind")
+        assert len(a.effect_lines()) >= 1
