@@ -169,9 +169,9 @@ class Dispatcher:
                 failures = 0
             except Exception:
                 # The store is unreachable or failing: back off (up to 5 s) instead of spinning.
-                failures += 1
+                failures = min(failures + 1, 16)
                 wait = min(self.poll_interval * 2**failures, 5.0)
-                log.exception("claiming dispatches failed (%d in a row); retrying in %.2fs", failures, wait)
+                log.exception("claiming dispatches failed; retrying in %.2fs", wait)
                 started = 0
             if started and len(self._active) < self.concurrency:
                 continue  # more may be due right now: claim again before sleeping

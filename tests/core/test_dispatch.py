@@ -353,3 +353,31 @@ def test_agent_that_acks_but_never_reports_is_exhausted_at_the_claim_after_the_l
     e = executions.get_execution(kernel, eid)
     assert (e.status, e.failure_reason) == ("failed", "dispatch_exhausted")
     assert "dispatch.failed" not in types(kernel, eid)
+
+
+def test_claim_failures_are_logged_and_retried_with_backoff(
+    kernel: Kernel, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import kernel.dispatcher as dispatcher_module
+
+    r, url = receiver
+    agent(kernel, url)
+    start(kernel)
+    real = dispatcher_module._claim_with_agents
+    calls: list[int] = []
+
+    def flaky(k: Kernel, limit: int) -> Any:
+        calls.append(limit)
+        if len(calls) <= 2:
+            raise RuntimeError("store unavailable")
+        return real(k, limit)
+
+    monkeypatch.setattr(dispatcher_module, "_claim_with_agents", flaky)
+
+    async def scenario(d: Dispatcher) -> None:
+        await d.start()
+        await until(lambda: len(r.requests) == 1)
+
+    run(kernel, scenario)
+    assert len(calls) >= 3
+    assert caplog.text.count("claiming dispatches failed") == 2
