@@ -1,0 +1,290 @@
+"""The scenarios: each prepares its fixtures in the store before the server starts, then measures
+over HTTP. Add a scenario by appending to `SCENARIOS` (see bench/README.md, "Adding a scenario").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench import fixtures
+from bench.client import Agent, BenchError, CpuSample, Lease, Run, drive, round_trip, submit_body
+from bench.servers import Server
+from kernel.core.kernel import Kernel
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How long and how many: every loop is bounded by both."""
+
+    name: str
+    rounds: int  # interleaved rounds per round-trip scenario (targets alternate between rounds)
+    seq_seconds: float  # measured seconds per target, over all rounds
+    seq_max_ops: int  # per round
+    conc_seconds: float
+    conc_max_ops: int  # per worker, per round
+    concurrency: int
+    warmup_ops: int  # before each round, per worker (new connections each round)
+    warmup_seconds: float
+    replay_samples: int  # replays timed at each history size
+    replay_seconds: float  # bound on the whole interleaved replay loop
+    replay_big_steps: int
+    replay_small_steps: int = 10
+    rego_evaluations: int = 5000
+
+
+FULL = Profile("full", rounds=5, seq_seconds=10.0, seq_max_ops=10_000, conc_seconds=10.0, conc_max_ops=20_000,
+               concurrency=8, warmup_ops=10, warmup_seconds=1.0, replay_samples=1000, replay_seconds=30.0,
+               replay_big_steps=10_000, rego_evaluations=5000)
+QUICK = Profile("quick", rounds=2, seq_seconds=2.0, seq_max_ops=5_000, conc_seconds=2.0, conc_max_ops=10_000,
+                concurrency=8, warmup_ops=5, warmup_seconds=0.5, replay_samples=200, replay_seconds=4.0,
+                replay_big_steps=10_000, rego_evaluations=1000)
+
+
+@dataclass
+class Target:
+    name: str  # "bare", "sqlite", "postgres"
+    kind: str  # "bare" or "kernel"
+    server: Server
+    agent: fixtures.AgentCreds
+
+    def make_agent(self) -> Agent:
+        return Agent(self.server.url, self.agent.agent_id, self.agent.secret)
+
+
+@dataclass
+class Result:
+    scenario: str
+    target: str
+    run: Run | None = None
+    error: str | None = None
+    op: str = "round trip"  # what one latency sample is
+    extra: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] | None = None  # precomputed figures (p50, p99, ops, …) when there is no Run
+    figures: list[tuple[str, str, str]] = field(default_factory=list)  # (label, value, goal) for the ratio table
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """`prepare(kernel, agent, profile)` runs with direct store access before the servers start
+    (kernel is None for the bare target). `run(target, prepared, profile, round_index)` measures
+    over HTTP and returns one Result per figure; with `rounds(profile)` > 1 the runner calls it
+    that many times per target, alternating targets between calls, and merges the rounds."""
+
+    key: str  # what --scenarios selects it by
+    name: str  # what the report calls it
+    kinds: frozenset[str]  # which target kinds it applies to
+    prepare: Callable[[Kernel | None, fixtures.AgentCreds, Profile], Any]
+    run: Callable[[Target, Any, Profile, int], list[Result]]
+    description: str = ""
+    rounds: Callable[[Profile], int] = lambda p: 1
+
+
+def _fake_leases(n: int) -> list[Lease]:
+    """The bare app ignores ids and leases; send well-formed ones so the requests are identical."""
+    return [Lease(str(uuid.uuid4()), str(uuid.uuid4()), 1) for _ in range(n)]
+
+
+def _leases(k: Kernel | None, agent: fixtures.AgentCreds, n: int, label: str) -> list[Lease]:
+    return _fake_leases(n) if k is None else fixtures.start_executions(k, agent, n, label)
+
+
+# -- round trips -------------------------------------------------------------------------------------
+
+
+def _rt_prepare(workers_of: Callable[[Profile], int], label: str) -> Callable[..., list[Lease]]:
+    def prepare(k: Kernel | None, agent: fixtures.AgentCreds, p: Profile) -> list[Lease]:
+        return _leases(k, agent, workers_of(p), label)
+
+    return prepare
+
+
+def _rt_run(name: str, seconds_of: Callable[[Profile], float], max_of: Callable[[Profile], int]) -> Callable[..., list[Result]]:
+    def run(target: Target, leases: list[Lease], p: Profile, round_index: int) -> list[Result]:
+        # Each round gets its own range of step args, so every submit is a new step (→ proceed).
+        base = round_index * 10_000_000
+
+        def op_for(lease: Lease) -> Callable[[Agent, int], None]:
+            return lambda agent, i: round_trip(agent, lease, base + i)
+
+        r = drive(target.make_agent, [op_for(lease) for lease in leases], duration=seconds_of(p) / p.rounds,
+                  max_ops=max_of(p), warmup_ops=p.warmup_ops, warmup_seconds=p.warmup_seconds,
+                  server_pid=target.server.pid)
+        return [Result(name, target.name, r)]
+
+    return run
+
+
+ROUNDTRIP_SEQUENTIAL = Scenario(
+    "rt-seq",
+    "round trip, sequential",
+    frozenset({"bare", "kernel"}),
+    _rt_prepare(lambda p: 1, "rt-seq"),
+    _rt_run("round trip, sequential", lambda p: p.seq_seconds, lambda p: p.seq_max_ops),
+    "one client, one execution: submit → proceed → complete, back to back",
+    rounds=lambda p: p.rounds,
+)
+
+ROUNDTRIP_CONCURRENT = Scenario(
+    "rt-conc",
+    "round trip, concurrent",
+    frozenset({"bare", "kernel"}),
+    _rt_prepare(lambda p: p.concurrency, "rt-conc"),
+    _rt_run("round trip, concurrent", lambda p: p.conc_seconds, lambda p: p.conc_max_ops),
+    "N client threads, each on its own execution and its own keep-alive connection",
+    rounds=lambda p: p.rounds,
+)
+
+
+# -- replay latency ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplayFixture:
+    small: list[tuple[Lease, list[fixtures.RecordedStep]]]  # executions with 10 recorded steps
+    big: Lease  # the execution with 10 000 recorded steps
+    big_samples: list[fixtures.RecordedStep]  # the steps replayed there, spread over the history
+    warm: list[tuple[Lease, fixtures.RecordedStep]]  # replayed first, not measured
+
+
+def _replay_prepare(k: Kernel | None, agent: fixtures.AgentCreds, p: Profile) -> ReplayFixture:
+    assert k is not None
+    per = p.replay_small_steps
+    n_small = math.ceil(p.replay_samples / per)
+    small_leases = fixtures.start_executions(k, agent, n_small + 1, "replay-small")
+    small = []
+    for lease in small_leases:
+        recorded = fixtures.record_history(k.store, lease, per)
+        small.append((fixtures.reclaim(k, lease), recorded))
+    (big,) = fixtures.start_executions(k, agent, 1, "replay-big")
+    history = fixtures.record_history(k.store, big, p.replay_big_steps)
+    big = fixtures.reclaim(k, big)
+    stride = max(p.replay_big_steps // p.replay_samples, 2)
+    samples = history[::stride][: p.replay_samples]
+    warm_big = [history[i * stride + stride // 2] for i in range(min(per, len(history) // stride))]
+    warm_lease, warm_small = small.pop()
+    warm = [(warm_lease, s) for s in warm_small] + [(big, s) for s in warm_big]
+    return ReplayFixture(small, big, samples, warm)
+
+
+def _replay_once(agent: Agent, lease: Lease, s: fixtures.RecordedStep) -> float:
+    t = time.perf_counter()
+    ans = agent.post(f"/v0/executions/{lease.execution_id}/steps", submit_body(s.args, s.target), lease)
+    dt = time.perf_counter() - t
+    if ans.get("decision") != "replay" or ans.get("step_id") != s.step_id or ans.get("result") != s.result:
+        raise BenchError(f"replay of {s.step_id[:12]}… answered {ans!r}")
+    return dt
+
+
+def _replay_run(target: Target, fx: ReplayFixture, p: Profile, round_index: int) -> list[Result]:
+    """Interleaved, one history size after the other in batches of 10, so drift (WAL growth,
+    checkpoints, the other engineer's build) lands on both sides alike."""
+    agent = target.make_agent()
+    small_lat: list[float] = []
+    big_lat: list[float] = []
+    try:
+        for lease, s in fx.warm:
+            _replay_once(agent, lease, s)
+        cpu0 = CpuSample.take(target.server.pid)
+        t0 = time.perf_counter()
+        stop = t0 + p.replay_seconds
+        big_iter = iter(fx.big_samples)
+        for lease, recorded in fx.small:
+            if time.perf_counter() > stop:
+                break
+            for s in recorded:
+                small_lat.append(_replay_once(agent, lease, s))
+            for _ in range(len(recorded)):
+                b = next(big_iter, None)
+                if b is None:
+                    break
+                big_lat.append(_replay_once(agent, fx.big, b))
+        wall = time.perf_counter() - t0
+        cpu = CpuSample.take(target.server.pid) - cpu0
+    finally:
+        agent.close()
+    # Both runs share one window: split the wall and CPU by op count (they interleave 10:10).
+    total = len(small_lat) + len(big_lat) or 1
+
+    def share(lat: list[float]) -> Run:
+        f = len(lat) / total
+        return Run(lat, wall * f, 1, CpuSample(cpu.server * f, cpu.client * f, cpu.machine * f))
+
+    n_small = p.replay_small_steps
+    return [
+        Result(f"replay @{n_small} steps", target.name, share(small_lat), op="replayed submit",
+               extra={"history": n_small}),
+        Result(f"replay @{p.replay_big_steps} steps", target.name, share(big_lat), op="replayed submit",
+               extra={"history": p.replay_big_steps}),
+    ]
+
+
+REPLAY = Scenario(
+    "replay",
+    "replay",
+    frozenset({"kernel"}),
+    _replay_prepare,
+    _replay_run,
+    "re-submits of recorded steps in a fresh attempt (answer `replay`), 10 vs 10 000 steps of history",
+)
+
+
+# -- in-process scenarios (no server) -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalScenario:
+    """Measured in the bench process itself, after the servers have stopped."""
+
+    key: str
+    name: str
+    run: Callable[[Profile], list[Result]]
+    description: str = ""
+
+
+def _rego_run(p: Profile) -> list[Result]:
+    """kernel/policy/rego/bench.py: raw regopy in a child process vs the kernel's isolated path."""
+    import logging
+
+    from kernel.policy.rego.bench import bench_rego
+
+    log = logging.getLogger("kernel.policy")
+    level = log.level
+    log.setLevel(logging.WARNING)  # the engine's start-up notes about rego-cpp would interleave the report
+    try:
+        r = bench_rego(p.rego_evaluations)
+    finally:
+        log.setLevel(level)
+    name = "rego decision"
+
+    def stats(side: dict[str, float]) -> dict[str, Any]:
+        return {"ops": r["n"], "workers": 1, "p50": side["p50_ms"] / 1e3, "p99": side["p99_ms"] / 1e3,
+                "mean": side["mean_ms"] / 1e3}
+
+    goals = r.get("targets", {})
+    return [
+        Result(name, "regopy, raw in-process", op="evaluation", stats=stats(r["raw_regopy"])),
+        Result(name, "worker path, in-process", op="evaluation", stats=stats(r["raw_worker_path"])),
+        Result(name, f"RegoEngine, isolated (pool {r['pool_size']})", op="evaluation", stats=stats(r["isolated"]),
+               figures=[
+                   ("rego p50: isolated / raw regopy", f"{r['ratio_p50']:.2f}×",
+                    f"≤ {goals['ratio_p50_max']}×" if "ratio_p50_max" in goals else ""),
+                   ("rego p99: isolated / raw regopy", f"{r['ratio_p99']:.2f}×", ""),
+                   ("rego p99, isolated (absolute)", f"{r['isolated']['p99_ms']:.3f} ms",
+                    f"≤ {goals['isolated_p99_ms_max']} ms" if "isolated_p99_ms_max" in goals else ""),
+               ]),
+    ]
+
+
+REGO = LocalScenario("rego", "rego decision", _rego_run,
+                     "Rego decision latency: raw regopy vs the kernel's crash-isolated worker pool")
+
+
+# Later scenarios: append here (e.g. a YAML/Rego bundle on the HTTP path, approvals, LLM usage
+# metering) — a Scenario to run against servers, a LocalScenario to run in-process.
+SCENARIOS: list[Scenario] = [ROUNDTRIP_SEQUENTIAL, ROUNDTRIP_CONCURRENT, REPLAY]
+LOCAL_SCENARIOS: list[LocalScenario] = [REGO]
