@@ -280,6 +280,41 @@ def _rego_run(p: Profile) -> list[Result]:
     ]
 
 
+def _yaml_run(p: Profile) -> list[Result]:
+    """YAML decision latency: a 1-rule and a 100-rule bundle (glob rules, the step matching the
+    last rule or none), evaluated in-process as the kernel does."""
+    import time
+
+    from kernel.domain import PolicyInput
+    from kernel.policy.yaml import compile_yaml_bundle
+
+    one = "default_action: deny\nrules:\n  - id: r0\n    when: {target: shell_exec, arguments: {command: {regex: '^ls'}}}\n    then: {decision: allow}\n"
+    many = "default_action: deny\nrules:\n" + "".join(
+        f"  - id: r{i}\n    when: {{target: 'tool_{i}_*'}}\n    then: {{decision: allow}}\n" for i in range(100))
+    cases = [
+        ("1 rule, match", compile_yaml_bundle(one, revision="1"), PolicyInput("a", "tool_call", "shell_exec", {"command": "ls -la"})),
+        ("100 glob rules, last matches", compile_yaml_bundle(many, revision="100"), PolicyInput("a", "tool_call", "tool_99_x", {})),
+        ("100 glob rules, none match", compile_yaml_bundle(many, revision="100"), PolicyInput("a", "tool_call", "other", {})),
+    ]
+    n = max(2000, p.rego_evaluations * 4)
+    out = []
+    for label, bundle, inp in cases:
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            bundle.evaluate(inp)
+            samples.append(time.perf_counter() - t0)
+        samples.sort()
+        stats = {"ops": n, "workers": 1, "p50": samples[n // 2], "p99": samples[int(n * 0.99)],
+                 "mean": sum(samples) / n}
+        goal = "≤ 15 µs" if label.startswith("1 rule") else "≤ 30 µs"
+        out.append(Result("yaml decision", label, op="evaluation", stats=stats,
+                          figures=[(f"yaml p50, {label}", f"{stats['p50'] * 1e6:.2f} µs", goal)]))
+    return out
+
+
+YAML = LocalScenario("yaml", "yaml decision", _yaml_run, "YAML decision latency: 1-rule and 100-rule bundles")
+
 REGO = LocalScenario("rego", "rego decision", _rego_run,
                      "Rego decision latency: raw regopy vs the kernel's crash-isolated worker pool")
 
@@ -287,4 +322,4 @@ REGO = LocalScenario("rego", "rego decision", _rego_run,
 # Later scenarios: append here (e.g. a YAML/Rego bundle on the HTTP path, approvals, LLM usage
 # metering) — a Scenario to run against servers, a LocalScenario to run in-process.
 SCENARIOS: list[Scenario] = [ROUNDTRIP_SEQUENTIAL, ROUNDTRIP_CONCURRENT, REPLAY]
-LOCAL_SCENARIOS: list[LocalScenario] = [REGO]
+LOCAL_SCENARIOS: list[LocalScenario] = [YAML, REGO]
