@@ -7,12 +7,10 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import create_engine, func, or_, select, text
+from sqlalchemy import create_engine, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from kernel.domain import DispatchStatus
-from kernel.store import tables as t
 from kernel.store.sql import SqlStore
 
 _LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))")
@@ -66,17 +64,7 @@ class PostgresStore(SqlStore):
 
     def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]:
         # SKIP LOCKED: replicas claiming at the same moment take disjoint rows instead of queueing.
-        c = t.dispatches.c
-        q = (
-            select(c.id)
-            .where(
-                or_(c.status == DispatchStatus.PENDING.value, c.status == DispatchStatus.FAILED.value),
-                c.next_attempt_at <= now,
-            )
-            .order_by(c.next_attempt_at, c.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
+        q = self.due_dispatch_query(now, limit).with_for_update(skip_locked=True)
         return [r[0] for r in conn.execute(q).all()]
 
     @contextmanager

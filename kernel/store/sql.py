@@ -578,9 +578,11 @@ class SqlStore:
     ) -> None:
         raise NotImplementedError
 
-    def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]:
+    @staticmethod
+    def due_dispatch_query(now: datetime, limit: int) -> Any:
+        """Pending or failed rows whose next attempt is due, oldest due first."""
         c = t.dispatches.c
-        q = (
+        return (
             select(c.id)
             .where(
                 or_(c.status == DispatchStatus.PENDING.value, c.status == DispatchStatus.FAILED.value),
@@ -589,7 +591,9 @@ class SqlStore:
             .order_by(c.next_attempt_at, c.id)
             .limit(limit)
         )
-        return [r[0] for r in conn.execute(q).all()]
+
+    def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]:
+        return [r[0] for r in conn.execute(self.due_dispatch_query(now, limit)).all()]
 
     @contextmanager
     def leader(self, name: str) -> Iterator[bool]:
