@@ -11,6 +11,7 @@ from sqlalchemy import create_engine, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
+from kernel.store.prepared import PreparedCache
 from kernel.store.sql import SqlStore
 
 _LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))")
@@ -25,6 +26,23 @@ def driver_url(url: str) -> str:
             return "postgresql+psycopg://" + url[len(prefix):]
     raise ValueError(f"not a PostgreSQL URL: {url}")
 
+
+
+def _upsert_max_stmt(spec: tuple[str, tuple[str, ...], tuple[str, ...], str]) -> Any:
+    """INSERT … ON CONFLICT (key) DO UPDATE SET column = greatest(column, excluded.column)."""
+    from sqlalchemy import bindparam
+
+    from kernel.store.tables import metadata
+
+    name, cols, key, column = spec
+    table = metadata.tables[name]
+    stmt = pg_insert(table).values({c: bindparam(c) for c in cols})
+    return stmt.on_conflict_do_update(
+        index_elements=list(key), set_={column: func.greatest(table.c[column], stmt.excluded[column])}
+    )
+
+
+_UPSERT_MAX = PreparedCache(_upsert_max_stmt)
 
 class PostgresStore(SqlStore):
     dialect = "postgresql"
@@ -55,12 +73,7 @@ class PostgresStore(SqlStore):
     def upsert_max(
         self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
     ) -> None:
-        stmt = pg_insert(table).values(**values)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=list(key),
-            set_={column: func.greatest(table.c[column], stmt.excluded[column])},
-        )
-        conn.execute(stmt)
+        _UPSERT_MAX.get((table.name, tuple(values), tuple(key), column)).run(conn, values)
 
     def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]:
         # SKIP LOCKED: replicas claiming at the same moment take disjoint rows instead of queueing.

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, insert, or_, select, update
+from sqlalchemy import Engine, bindparam, delete, func, insert, literal_column, or_, select, update
 from sqlalchemy.engine import Connection
 
 from kernel.domain import (
@@ -29,10 +29,96 @@ from kernel.domain import (
 from kernel.domain.step import TERMINAL_STEP_STATUSES
 from kernel.store import codec
 from kernel.store import tables as t
+from kernel.store.prepared import Prepared, PreparedCache
 
 _TERMINAL_STEPS = tuple(s.value for s in TERMINAL_STEP_STATUSES)
 _TERMINAL_EXECUTIONS = tuple(
     s.value for s in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
+)
+
+
+def _p(name: str) -> Any:
+    return bindparam(name)
+
+
+def _not_terminal_step() -> Any:
+    # Constant lists as literals: prepared statements take no expanding (IN-list) parameters.
+    return t.steps.c.status.not_in([literal_column(f"'{v}'") for v in _TERMINAL_STEPS])
+
+
+# The hot path's statements (rebuno-v0 §2.1, §2.2), built once; see kernel/store/prepared.py.
+_GET_AGENT = Prepared(select(t.agents).where(t.agents.c.id == _p("id")))
+_GET_EXECUTION = Prepared(select(t.executions).where(t.executions.c.id == _p("id")))
+_GET_DISPATCH = Prepared(select(t.dispatches).where(t.dispatches.c.id == _p("id")))
+_GET_STEP = Prepared(select(t.steps).where(t.steps.c.step_id == _p("id")))
+_GET_COUNTER = Prepared(
+    select(t.dispatch_step_counters.c.consumed).where(
+        t.dispatch_step_counters.c.dispatch_id == _p("dispatch_id"),
+        t.dispatch_step_counters.c.kind == _p("kind"),
+        t.dispatch_step_counters.c.target == _p("target"),
+        t.dispatch_step_counters.c.args_hash == _p("args_hash"),
+    )
+)
+_TOKEN_USAGE = Prepared(
+    select(t.executions.c.usage_input, t.executions.c.usage_output).where(t.executions.c.id == _p("id"))
+)
+_ADD_USAGE = Prepared(
+    update(t.executions)
+    .where(t.executions.c.id == _p("id"))
+    .values(
+        usage_input=t.executions.c.usage_input + _p("input_tokens"),
+        usage_output=t.executions.c.usage_output + _p("output_tokens"),
+    )
+)
+_ACTIVE_POLICY_REF = Prepared(
+    select(
+        t.policy_revisions.c.id, t.policy_revisions.c.agent_id, t.policy_revisions.c.kind,
+        t.policy_revisions.c.revision,
+    ).where(t.policy_revisions.c.agent_id == _p("agent_id"), t.policy_revisions.c.active.is_(True))
+)
+_POLICY_CONTENT = Prepared(select(t.policy_revisions.c.content).where(t.policy_revisions.c.id == _p("id")))
+_INSERT_STEP = Prepared(insert(t.steps))
+_INSERT_EVENTS = Prepared(insert(t.events))
+_RENEW_LEASE = Prepared(
+    update(t.dispatches)
+    .where(
+        t.dispatches.c.id == _p("id"),
+        t.dispatches.c.execution_id == _p("execution_id"),
+        t.dispatches.c.attempt == _p("attempt"),
+        t.dispatches.c.status == literal_column(f"'{DispatchStatus.IN_FLIGHT.value}'"),
+    )
+    .values(locked_at=_p("now"))
+)
+_INDETERMINATE = Prepared(
+    select(t.steps.c.error).where(
+        t.steps.c.execution_id == _p("execution_id"),
+        t.steps.c.kind == _p("kind"),
+        t.steps.c.target == _p("target"),
+        t.steps.c.args_hash == _p("args_hash"),
+        t.steps.c.status == literal_column(f"'{StepStatus.FAILED.value}'"),
+    )
+)
+_PENDING_APPROVAL = Prepared(
+    select(t.approvals)
+    .where(t.approvals.c.step_id == _p("step_id"), t.approvals.c.status == literal_column("'pending'"))
+    .order_by(t.approvals.c.created_at)
+)
+_COUNT_EVENTS = Prepared(
+    select(func.count())
+    .select_from(t.events)
+    .where(t.events.c.execution_id == _p("execution_id"), t.events.c.type == _p("type"))
+)
+# Keyed by the columns set: the use cases set a handful of fixed combinations.
+_UPDATE_STEP = PreparedCache(
+    lambda keys: update(t.steps)
+    .where(t.steps.c.step_id == _p("_id"), _not_terminal_step())
+    .values({k: _p(k) for k in keys})
+)
+_APPEND = PreparedCache(
+    lambda keys: update(t.executions)
+    .where(t.executions.c.id == _p("_id"))
+    .values(last_event_seq=t.executions.c.last_event_seq + _p("_n"), **{k: _p(k) for k in keys})
+    .returning(t.executions.c.last_event_seq)
 )
 
 
@@ -59,7 +145,7 @@ class Tx:
 
     # -- agents ---------------------------------------------------------------------------
     def get_agent(self, agent_id: str) -> Agent | None:
-        r = self.conn.execute(select(t.agents).where(t.agents.c.id == agent_id)).first()
+        r = _GET_AGENT.first(self.conn, {"id": agent_id})
         return codec.to_agent(r) if r else None
 
     def list_agents(self) -> list[Agent]:
@@ -132,6 +218,14 @@ class Tx:
         )
         return True
 
+    def active_policy_ref(self, agent_id: str) -> Any:
+        """(id, agent_id, kind, revision) of the agent's active revision, without its content."""
+        return _ACTIVE_POLICY_REF.first(self.conn, {"agent_id": agent_id})
+
+    def policy_content(self, revision_id: int) -> str | None:
+        v = _POLICY_CONTENT.scalar(self.conn, {"id": revision_id})
+        return None if v is None else str(v)
+
     def active_policy(self, agent_id: str) -> Any:
         return self.conn.execute(
             select(t.policy_revisions).where(
@@ -157,7 +251,7 @@ class Tx:
 
     # -- executions -----------------------------------------------------------------------
     def get_execution(self, execution_id: str) -> Execution | None:
-        r = self.conn.execute(select(t.executions).where(t.executions.c.id == execution_id)).first()
+        r = _GET_EXECUTION.first(self.conn, {"id": execution_id})
         return codec.to_execution(r) if r else None
 
     def find_execution_by_key(self, agent_id: str, key: str) -> Execution | None:
@@ -253,16 +347,15 @@ class Tx:
             execution_values["status"] = str(execution_values["status"])
         if "output" in execution_values:
             execution_values["output"] = codec.dumps_or_none(execution_values["output"])
-        last = self.w.execute(
-            update(t.executions)
-            .where(t.executions.c.id == execution_id)
-            .values(last_event_seq=t.executions.c.last_event_seq + n, updated_at=now, **execution_values)
-            .returning(t.executions.c.last_event_seq)
-        ).scalar_one()
+        execution_values["updated_at"] = now
+        stmt = _APPEND.get(tuple(sorted(execution_values)))
+        last = stmt.scalar(self.w, {"_id": execution_id, "_n": n, **execution_values})
+        if last is None:
+            raise LookupError(f"execution {execution_id} not found")
         if n:
             first = last - n + 1
-            self.w.execute(
-                insert(t.events),
+            _INSERT_EVENTS.many(
+                self.w,
                 [
                     {
                         "execution_id": execution_id,
@@ -286,17 +379,11 @@ class Tx:
         return [codec.to_event(r) for r in self.conn.execute(q).all()]
 
     def count_events(self, execution_id: str, type_: str) -> int:
-        return int(
-            self.conn.execute(
-                select(func.count())
-                .select_from(t.events)
-                .where(t.events.c.execution_id == execution_id, t.events.c.type == type_)
-            ).scalar_one()
-        )
+        return int(_COUNT_EVENTS.scalar(self.conn, {"execution_id": execution_id, "type": type_}) or 0)
 
     # -- steps ----------------------------------------------------------------------------
     def get_step(self, step_id: str) -> Step | None:
-        r = self.conn.execute(select(t.steps).where(t.steps.c.step_id == step_id)).first()
+        r = _GET_STEP.first(self.conn, {"id": step_id})
         return codec.to_step(r) if r else None
 
     def list_steps(self, execution_id: str, terminal_only: bool = False) -> list[Step]:
@@ -307,24 +394,25 @@ class Tx:
         return [codec.to_step(r) for r in self.conn.execute(q).all()]
 
     def insert_step(self, s: Step, args_text: str | None) -> None:
-        self.w.execute(
-            insert(t.steps).values(
-                step_id=s.step_id,
-                execution_id=s.execution_id,
-                kind=s.kind,
-                target=s.target,
-                args_hash=s.args_hash,
-                occurrence=s.occurrence,
-                status=s.status.value,
-                idempotency=s.idempotency,
-                args=args_text,
-                result=None,
-                error=codec.dumps_or_none(s.error),
-                usage_input=0,
-                usage_output=0,
-                started_at=s.started_at,
-                completed_at=s.completed_at,
-            )
+        _INSERT_STEP.run(
+            self.w,
+            {
+                "step_id": s.step_id,
+                "execution_id": s.execution_id,
+                "kind": s.kind,
+                "target": s.target,
+                "args_hash": s.args_hash,
+                "occurrence": s.occurrence,
+                "status": s.status.value,
+                "idempotency": s.idempotency,
+                "args": args_text,
+                "result": None,
+                "error": codec.dumps_or_none(s.error),
+                "usage_input": 0,
+                "usage_output": 0,
+                "started_at": s.started_at,
+                "completed_at": s.completed_at,
+            },
         )
 
     def update_step(self, step_id: str, **values: Any) -> bool:
@@ -334,26 +422,16 @@ class Tx:
                 values[key] = codec.dumps_or_none(values[key])
         if "status" in values:
             values["status"] = str(values["status"])
-        res = self.w.execute(
-            update(t.steps)
-            .where(t.steps.c.step_id == step_id, t.steps.c.status.not_in(_TERMINAL_STEPS))
-            .values(**values)
-        )
-        return res.rowcount > 0
+        stmt = _UPDATE_STEP.get(tuple(sorted(values)))
+        return stmt.run(self.w, {"_id": step_id, **values}) > 0
 
     def steps_in_status(self, execution_id: str, status: StepStatus) -> list[Step]:
         q = select(t.steps).where(t.steps.c.execution_id == execution_id, t.steps.c.status == status.value)
         return [codec.to_step(r) for r in self.conn.execute(q).all()]
 
     def has_indeterminate_failure(self, execution_id: str, kind: str, target: str, args_hash: str) -> bool:
-        q = select(t.steps.c.error).where(
-            t.steps.c.execution_id == execution_id,
-            t.steps.c.kind == kind,
-            t.steps.c.target == target,
-            t.steps.c.args_hash == args_hash,
-            t.steps.c.status == StepStatus.FAILED.value,
-        )
-        for (err,) in self.conn.execute(q).all():
+        params = {"execution_id": execution_id, "kind": kind, "target": target, "args_hash": args_hash}
+        for (err,) in _INDETERMINATE.all(self.conn, params):
             value = codec.loads(err)
             if isinstance(value, dict) and value.get("reason") == "indeterminate":
                 return True
@@ -361,30 +439,16 @@ class Tx:
 
     def token_usage(self, execution_id: str) -> tuple[int, int]:
         """The execution's token meter: (input, output) summed over its recorded steps."""
-        r = self.conn.execute(
-            select(t.executions.c.usage_input, t.executions.c.usage_output).where(
-                t.executions.c.id == execution_id
-            )
-        ).first()
+        r = _TOKEN_USAGE.first(self.conn, {"id": execution_id})
         return (int(r[0]), int(r[1])) if r else (0, 0)
 
     def add_usage(self, execution_id: str, input_tokens: int, output_tokens: int) -> None:
-        c = t.executions.c
-        self.w.execute(
-            update(t.executions)
-            .where(c.id == execution_id)
-            .values(usage_input=c.usage_input + input_tokens, usage_output=c.usage_output + output_tokens)
-        )
+        _ADD_USAGE.run(self.w, {"id": execution_id, "input_tokens": input_tokens, "output_tokens": output_tokens})
 
     # -- occurrence counters --------------------------------------------------------------
     def get_counter(self, dispatch_id: str, kind: str, target: str, args_hash: str) -> int:
-        c = t.dispatch_step_counters.c
-        v = self.conn.execute(
-            select(c.consumed).where(
-                c.dispatch_id == dispatch_id, c.kind == kind, c.target == target, c.args_hash == args_hash
-            )
-        ).scalar()
-        return int(v or 0)
+        params = {"dispatch_id": dispatch_id, "kind": kind, "target": target, "args_hash": args_hash}
+        return int(_GET_COUNTER.scalar(self.conn, params) or 0)
 
     def advance_counter(self, dispatch_id: str, kind: str, target: str, args_hash: str, to: int) -> None:
         """Move the counter to `to`, never backwards."""
@@ -414,23 +478,13 @@ class Tx:
         )
 
     def get_dispatch(self, dispatch_id: str) -> Dispatch | None:
-        r = self.conn.execute(select(t.dispatches).where(t.dispatches.c.id == dispatch_id)).first()
+        r = _GET_DISPATCH.first(self.conn, {"id": dispatch_id})
         return codec.to_dispatch(r) if r else None
 
     def renew_lease(self, dispatch_id: str, execution_id: str, attempt: int, now: datetime) -> bool:
         """Renew the lease of a live attempt (in_flight, same attempt). False when fenced."""
-        c = t.dispatches.c
-        res = self.w.execute(
-            update(t.dispatches)
-            .where(
-                c.id == dispatch_id,
-                c.execution_id == execution_id,
-                c.attempt == attempt,
-                c.status == DispatchStatus.IN_FLIGHT.value,
-            )
-            .values(locked_at=now)
-        )
-        return res.rowcount > 0
+        params = {"id": dispatch_id, "execution_id": execution_id, "attempt": attempt, "now": now}
+        return _RENEW_LEASE.run(self.w, params) > 0
 
     def retire_dispatches(self, execution_id: str, now: datetime) -> None:
         c = t.dispatches.c
@@ -508,11 +562,7 @@ class Tx:
         return codec.to_approval(r) if r else None
 
     def pending_approval_for_step(self, step_id: str) -> Approval | None:
-        r = self.conn.execute(
-            select(t.approvals)
-            .where(t.approvals.c.step_id == step_id, t.approvals.c.status == "pending")
-            .order_by(t.approvals.c.created_at)
-        ).first()
+        r = _PENDING_APPROVAL.first(self.conn, {"step_id": step_id})
         return codec.to_approval(r) if r else None
 
     def list_approvals(self, status: str | None, execution_id: str | None = None) -> list[Approval]:

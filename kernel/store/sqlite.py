@@ -15,8 +15,25 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine.url import make_url
 
 from kernel.errors import ConfigError
+from kernel.store.prepared import PreparedCache
 from kernel.store.sql import SqlStore, Tx
 
+
+def _upsert_max_stmt(spec: tuple[str, tuple[str, ...], tuple[str, ...], str]) -> Any:
+    """INSERT … ON CONFLICT (key) DO UPDATE SET column = max(column, excluded.column)."""
+    from sqlalchemy import bindparam, func
+
+    from kernel.store.tables import metadata
+
+    name, cols, key, column = spec
+    table = metadata.tables[name]
+    stmt = sqlite_insert(table).values({c: bindparam(c) for c in cols})
+    return stmt.on_conflict_do_update(
+        index_elements=list(key), set_={column: func.max(table.c[column], stmt.excluded[column])}
+    )
+
+
+_UPSERT_MAX = PreparedCache(_upsert_max_stmt)
 
 class SqliteStore(SqlStore):
     dialect = "sqlite"
@@ -144,14 +161,7 @@ class SqliteStore(SqlStore):
     def upsert_max(
         self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
     ) -> None:
-        from sqlalchemy import func
-
-        stmt = sqlite_insert(table).values(**values)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=list(key),
-            set_={column: func.max(table.c[column], stmt.excluded[column])},
-        )
-        conn.execute(stmt)
+        _UPSERT_MAX.get((table.name, tuple(values), tuple(key), column)).run(conn, values)
 
     def close(self) -> None:
         super().close()
