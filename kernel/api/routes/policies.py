@@ -1,4 +1,5 @@
-"""Policy admin routes (bearer, `policies:write`): store, read, list and re-activate bundles."""
+"""Policy admin routes (bearer, `policies:write`): store, read, list and re-activate bundles; test a
+candidate bundle against cases or a recorded execution (replay)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from kernel.api.body import Strict, parse_model
-from kernel.api.deps import auth_of, call, kernel_of
+from kernel.api.deps import auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse
 from kernel.api.routes.client import _body
 from kernel.clock import rfc3339
-from kernel.core import policies
+from kernel.core import policies, policy_test
 from kernel.core.policies import PolicyRevision
+from kernel.core.policy_test import Candidate
 from kernel.errors import ValidationError
+from kernel.policy.replay import result_json
 
 router = APIRouter()
 
@@ -95,3 +98,60 @@ async def activate(agent_id: str, seq: int, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write")
     await call(policies.activate_revision, kernel_of(request), agent_id, seq)
     return Response(status_code=204)
+
+
+class TestBody(Strict):
+    bundle: str | dict[str, Any] | None = None
+    kind: str = "yaml"
+    cases: list[Any] | None = None
+    execution_id: str | None = None
+
+
+def _candidate(body: TestBody) -> Candidate | None:
+    if body.bundle is None:
+        return None
+    if isinstance(body.bundle, dict):
+        if body.kind != "rego":
+            raise ValidationError('validation error: an object bundle needs "kind": "rego"')
+        return Candidate("rego", _rego_content(body.bundle))
+    if body.kind == "rego":
+        raise ValidationError("validation error: a Rego bundle is an object {modules, data, manifest}")
+    return Candidate(body.kind, body.bundle)
+
+
+@router.post("/v0/policies/{agent_id}/test")
+async def test_policy(agent_id: str, request: Request) -> Response:
+    """rebuno-v0 §4.5: `execution_id` → replay it (cases ignored); else run `cases`."""
+    await call(auth_of(request).principal, request, "policies:write", "executions:read")
+    body = parse_model(TestBody, await _body(request), allow_empty=True)
+    k = kernel_of(request)
+    candidate = await call(_candidate, body)
+    if body.execution_id is not None:
+        eid = uuid_param(body.execution_id, "execution_id")
+        rep = await call(policy_test.replay_execution, k, agent_id, eid, candidate)
+        out: dict[str, Any] = {"results": [result_json(r) for r in rep.results], "failed": rep.failed,
+                               "steps": len(rep.results), "truncated": rep.truncated}
+        return JSONResponse(out)
+    text = json.dumps({"cases": body.cases or []})
+    report, _ = await call(policy_test.run_test_cases, k, agent_id, text, candidate)
+    results = [_case_json(r) for r in report.results]
+    out = {"results": results, "failed": report.failed}
+    if report.unexercised_rules:
+        out["unexercised_rules"] = report.unexercised_rules
+    return JSONResponse(out)
+
+
+def _case_json(r: Any) -> dict[str, Any]:
+    c = r.case
+    out: dict[str, Any] = {}
+    for key in ("name", "agent_id", "kind", "target", "args", "expect", "expect_rule"):
+        value = getattr(c, key)
+        if value or key == "target":
+            out[key] = value
+    out.update(decision=r.decision, rule_id=r.rule_id)
+    if r.reason:
+        out["reason"] = r.reason
+    out["pass"] = r.passed
+    if r.failure:
+        out["failure"] = r.failure
+    return out
