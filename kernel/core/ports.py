@@ -10,12 +10,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kernel.domain import Decision, PolicyInput, RateLimitSpec
+from kernel.store import Tx
 
 
 class PolicyResolver(Protocol):
-    """Agent → active bundle → decision. Never raises: any fault is a deny `bundle-error`."""
+    """Agent → active bundle → decision. Never raises: any fault is a deny `bundle-error`.
 
-    def decide(self, inp: PolicyInput) -> Decision: ...
+    `tx` is the submit's open transaction: a resolver that reads the store reads the active
+    revision there, in the same snapshot as the execution (and without a transaction of its own).
+    """
+
+    def decide(self, inp: PolicyInput, tx: Tx | None = None) -> Decision: ...
 
     def check(self, kind: str, content: str) -> str:
         """The load gate: compile without storing; returns the revision or raises ValidationError."""
@@ -25,7 +30,7 @@ class PolicyResolver(Protocol):
 class PermissiveResolver:
     """No bundles at all: every step is allowed with rule id `permissive`."""
 
-    def decide(self, inp: PolicyInput) -> Decision:
+    def decide(self, inp: PolicyInput, tx: Tx | None = None) -> Decision:
         return Decision.permissive()
 
     def check(self, kind: str, content: str) -> str:

@@ -169,7 +169,8 @@ def _decide_new(
                 },
                 usage={"input_tokens": usage_in, "output_tokens": usage_out},
                 now=rfc3339(now),
-            )
+            ),
+            tx=tx,
         )
         limited = _apply_rate_limit(k, tx, e, sid, req, decision, dispatch_id, attempt, now)
         if limited is not None:

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from kernel.domain import Decision, PolicyInput, Verdict
 from kernel.domain.decision import PolicyKind
 from kernel.errors import ValidationError
-from kernel.store import SqlStore
+from kernel.store import SqlStore, Tx
 
 log = logging.getLogger("kernel.policy")
 
@@ -114,20 +114,27 @@ class BundleResolver:
     def close(self) -> None:
         self.rego.close()
 
-    def decide(self, inp: PolicyInput) -> Decision:
+    def decide(self, inp: PolicyInput, tx: Tx | None = None) -> Decision:
+        """`tx`: the submit's own transaction, so the revision is read from the same snapshot as
+        the execution (one indexed lookup, no content); without it, a read of its own."""
         try:
-            with self.store.read() as tx:
-                row = tx.active_policy(inp.agent_id)
-                agent = None if row is not None else tx.get_agent(inp.agent_id)
+            if tx is not None:
+                # The execution was loaded in this snapshot, and it references the agent.
+                row = tx.active_policy_ref(inp.agent_id)
+                agent_known = True
+            else:
+                with self.store.read() as own:
+                    row = own.active_policy_ref(inp.agent_id)
+                    agent_known = row is not None or own.get_agent(inp.agent_id) is not None
         except Exception:
             log.exception("policy lookup failed for agent %s", inp.agent_id)
             return Decision.bundle_error("agent_lookup_failed")
         if row is None:
-            if agent is None:
+            if not agent_known:
                 return Decision.bundle_error("agent_lookup_failed")
             return Decision.permissive()
         kind = PolicyKind(row.kind) if row.kind in PolicyKind._value2member_map_ else PolicyKind.NONE
-        bundle = self._compiled(row)
+        bundle = self._compiled(row, tx)
         if isinstance(bundle, Exception):
             return Decision.bundle_error("policy_bundle_invalid", kind, row.revision)
         try:
@@ -137,7 +144,13 @@ class BundleResolver:
             return Decision(Verdict.DENY, "eval-error", "policy evaluation failed",
                             policy_kind=kind, policy_revision=row.revision)
 
-    def _compiled(self, row: Any) -> CompiledBundle | Exception:
+    def _content(self, revision_id: int, tx: Tx | None) -> str | None:
+        if tx is not None:
+            return tx.policy_content(revision_id)
+        with self.store.read() as own:
+            return own.policy_content(revision_id)
+
+    def _compiled(self, row: Any, tx: Tx | None) -> CompiledBundle | Exception:
         key = (row.agent_id, int(row.id))
         with self._lock:
             hit = self._cache.get(key)
@@ -149,7 +162,10 @@ class BundleResolver:
             result = LookupError(f"no engine for bundle kind {row.kind!r}")
         else:
             try:
-                result = compiler(row.content, row.revision)
+                content = self._content(int(row.id), tx)
+                if content is None:
+                    raise LookupError(f"policy revision {row.id} vanished")
+                result = compiler(content, row.revision)
             except Exception as exc:  # a stored bundle that no longer compiles: fail closed
                 log.error("stored bundle for agent %s (revision %s) does not compile: %s",
                           row.agent_id, row.revision, exc)
