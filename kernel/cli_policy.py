@@ -59,6 +59,10 @@ def _cases_for(bundle: Path, explicit: str | None) -> Path | None:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
+    if args.execution or args.last:
+        from kernel.cli_policy_replay import run_replay
+
+        return run_replay(args)
     try:
         suites: list[tuple[Path, Report]] = []
         for bundle_path in _bundles(args.paths):
@@ -196,6 +200,9 @@ def add_commands(sub: Any) -> None:
     t.add_argument("--format", choices=["pretty", "json", "junit"], default="pretty")
     t.add_argument("-r", "--run", help="only cases whose name (or target) matches this regex")
     t.add_argument("--fail-on-empty", action="store_true")
+    from kernel.cli_policy_replay import add_replay_arguments
+
+    add_replay_arguments(t)
     t.set_defaults(fn=cmd_test)
     c = ps.add_parser("check", help="the load gate only")
     c.add_argument("paths", nargs="+")
