@@ -147,3 +147,19 @@ def test_execution_of_another_agent_is_404(governed: Kernel, server: ServerThrea
     other = Running(governed, agent_id="other")
     assert httpx.post(f"{server.url}/v0/policies/other", json={"bundle": PERMISSIVE}).status_code == 204
     assert other and _test(server, {"execution_id": recorded}, agent="other").status_code == 404
+
+
+def test_agent_without_bundle_and_no_candidate_is_400(governed: Kernel, server: ServerThread) -> None:
+    Running(governed, agent_id="bare")
+    r = _test(server, {"cases": [{"target": "x"}]}, agent="bare")
+    assert r.status_code == 400 and "has no policy bundle" in r.json()["message"]
+
+
+def test_execution_id_that_is_not_a_uuid_is_400(server: ServerThread, recorded: str) -> None:
+    assert _test(server, {"execution_id": "nope"}).status_code == 400
+
+
+def test_replay_writes_no_events(server: ServerThread, recorded: str) -> None:
+    before = httpx.get(f"{server.url}/v0/executions/{recorded}/events").json()
+    _test(server, {"bundle": STRICTER, "execution_id": recorded})
+    assert httpx.get(f"{server.url}/v0/executions/{recorded}/events").json() == before
