@@ -41,6 +41,7 @@ def build_kernel(settings: Settings, store: SqlStore, **overrides: Any) -> Kerne
         approval_timeout=settings.approval_timeout,
         deadline_timeout=settings.deadline_timeout,
         retention=settings.retention,
+        agent_cache_ttl=settings.agent_cache_ttl,
         **overrides,
     )
 

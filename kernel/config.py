@@ -52,6 +52,7 @@ _DURATIONS = (
     "deadline_check_interval",
     "retention",
     "rego_timeout",
+    "agent_cache_ttl",
 )
 
 
@@ -76,6 +77,9 @@ class Settings(BaseSettings):
     # Requests
     max_body_bytes: int = 10 * 1024 * 1024
     signature_window_seconds: int = 300
+    # How long a replica keeps an agent's secret after reading it for a signature check
+    # (0 = read it on every request). Changes made on this replica apply at once.
+    agent_cache_ttl: float = 1.0
 
     # Dispatch
     dispatch_max_attempts: int = 5

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from kernel.api.body import BodyTooLarge, read_body
+from kernel.core import agents
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
 from kernel.errors import Forbidden, Unauthorized
@@ -95,32 +96,34 @@ class Authenticator:
             body = await read_body(request, self.max_body_bytes)
         except BodyTooLarge:
             raise Unauthorized() from None  # the signature covers the whole body (rebuno-v0 §8.3)
-        agent = await _to_thread(self._get_agent, agent_id)
-        if agent is None:
-            raise Unauthorized()
         target = request.scope.get("raw_path", request.url.path.encode()).decode("latin-1")
         qs = request.scope.get("query_string", b"")
         if qs:
             target += "?" + qs.decode("latin-1")
-        ok = verify_request(
-            agent.secret,
-            sigs[0],
-            method=request.method,
-            target=target,
-            timestamp=h.get("rebuno-timestamp", ""),
-            dispatch_id=h.get("rebuno-dispatch-id", ""),
-            dispatch_attempt=h.get("rebuno-dispatch-attempt", ""),
-            body=body,
-            now_unix=int(time.time()),
-            window_seconds=self.window,
-        )
+
+        def verify(secret: str) -> bool:
+            return verify_request(
+                secret,
+                sigs[0],
+                method=request.method,
+                target=target,
+                timestamp=h.get("rebuno-timestamp", ""),
+                dispatch_id=h.get("rebuno-dispatch-id", ""),
+                dispatch_attempt=h.get("rebuno-dispatch-attempt", ""),
+                body=body,
+                now_unix=int(time.time()),
+                window_seconds=self.window,
+            )
+
+        secret = self.kernel.secrets.get(agent_id)
+        ok = secret is not None and verify(secret)
+        if not ok:
+            # Not cached, or cached and failing (the secret may have been rotated elsewhere).
+            secret = await _to_thread(agents.agent_secret, self.kernel, agent_id)
+            ok = secret is not None and verify(secret)
         if not ok:
             raise Unauthorized()
         return AgentCall(agent_id, body, h.get("rebuno-dispatch-id"), h.get("rebuno-dispatch-attempt"))
-
-    def _get_agent(self, agent_id: str):  # type: ignore[no-untyped-def]
-        with self.kernel.store.read() as tx:
-            return tx.get_agent(agent_id)
 
 
 async def _to_thread(fn, *args):  # type: ignore[no-untyped-def]

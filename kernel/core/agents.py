@@ -43,7 +43,19 @@ def register_agent(
         tx.upsert_agent(agent)
         if not created and not keep_policy:
             tx.clear_policy(agent_id)
+    k.secrets.forget(agent_id)
     return agent, created
+
+
+def agent_secret(k: Kernel, agent_id: str) -> str | None:
+    """The agent's signing secret, read from the store (and kept in `k.secrets`); None if unknown."""
+    with k.store.read() as tx:
+        a = tx.get_agent(agent_id)
+    if a is None:
+        k.secrets.forget(agent_id)
+        return None
+    k.secrets.put(agent_id, a.secret)
+    return a.secret
 
 
 def get_agent(k: Kernel, agent_id: str) -> Agent:
@@ -66,3 +78,4 @@ def delete_agent(k: Kernel, agent_id: str) -> None:
         if tx.agent_has_executions(agent_id):
             raise Conflict("conflict: agent still has executions (they are removed by retention)")
         tx.delete_agent(agent_id)
+    k.secrets.forget(agent_id)

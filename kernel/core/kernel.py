@@ -3,12 +3,47 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from kernel.clock import Clock, SystemClock
 from kernel.core.ports import Limiter, NoLimiter, PermissiveResolver, PolicyResolver
 from kernel.store import SqlStore
+
+
+class SecretCache:
+    """agent id → secret, kept `ttl` seconds: the signature check's one store read per agent.
+
+    A replica forgets an entry as soon as it changes the agent itself; a change made on another
+    replica is seen within `ttl`. A signature that fails against a cached secret is retried once
+    against a fresh read, so a rotated secret works at once everywhere.
+    """
+
+    def __init__(self, ttl: float = 1.0, max_entries: int = 10_000):
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._items: dict[str, tuple[float, str]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, agent_id: str) -> str | None:
+        hit = self._items.get(agent_id)
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        return hit[1]
+
+    def put(self, agent_id: str, secret: str) -> None:
+        if self.ttl <= 0:
+            return
+        with self._lock:
+            if len(self._items) >= self.max_entries:
+                self._items.clear()  # bounded; the next requests refill it
+            self._items[agent_id] = (time.monotonic() + self.ttl, secret)
+
+    def forget(self, agent_id: str) -> None:
+        with self._lock:
+            self._items.pop(agent_id, None)
 
 
 @dataclass
@@ -26,6 +61,11 @@ class Kernel:
     deadline_timeout: float | None = None
     retention: float = 86400.0
     rng: random.Random = field(default_factory=random.Random)
+    agent_cache_ttl: float = 1.0
+    secrets: SecretCache = field(default_factory=SecretCache)
+
+    def __post_init__(self) -> None:
+        self.secrets.ttl = self.agent_cache_ttl
 
     def backoff(self, attempt: int) -> timedelta:
         """min(base × 2^(attempt−1), max) plus uniform jitter in [0, 25 %)."""
