@@ -19,6 +19,25 @@ from kernel.store.prepared import PreparedCache
 from kernel.store.sql import SqlStore, Tx
 
 
+def _end(conn: Connection, *, commit: bool) -> None:
+    """Finish the driver-level transaction (through SQLAlchemy if a Core statement joined it)."""
+    if conn.in_transaction():
+        if commit:
+            conn.commit()
+        else:
+            conn.rollback()
+        return
+    raw = conn.connection.driver_connection
+    if raw.in_transaction:  # type: ignore[union-attr]
+        try:
+            if commit:
+                raw.commit()  # type: ignore[union-attr]
+            else:
+                raw.rollback()  # type: ignore[union-attr]
+        except conn.dialect.loaded_dbapi.Error as exc:
+            conn._handle_dbapi_exception(exc, "COMMIT" if commit else "ROLLBACK", None, None, None)
+
+
 def _upsert_max_stmt(spec: tuple[str, tuple[str, ...], tuple[str, ...], str]) -> Any:
     """INSERT … ON CONFLICT (key) DO UPDATE SET column = max(column, excluded.column)."""
     from sqlalchemy import bindparam, func
@@ -75,6 +94,10 @@ class SqliteStore(SqlStore):
         def _on_begin(conn: Connection) -> None:
             # IMMEDIATE takes the write lock at BEGIN, so a transaction that reads and then
             # writes can never hit SQLITE_BUSY_SNAPSHOT halfway through.
+            # A Core statement run inside `transaction()` joins the transaction it opened on the
+            # driver, so SQLAlchemy's own begin then emits nothing.
+            if conn.connection.driver_connection.in_transaction:  # type: ignore[union-attr]
+                return
             mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
             conn.exec_driver_sql(f"BEGIN {mode}")
 
@@ -111,27 +134,32 @@ class SqliteStore(SqlStore):
         policy evaluation between the reads and the writes holds up only its own execution, not
         every writer of the file. Because every mutation of an execution takes that lock, what the
         snapshot said about the execution is still true when the writes begin.
+
+        BEGIN and COMMIT go straight to the driver: on a step round trip SQLAlchemy's transaction
+        bookkeeping cost more than all the statements together. The commit happens before the
+        write lock is released.
         """
         with ExitStack() as stack:
             if lock is not None:
                 stack.enter_context(self._keyed_lock(lock))
-            reader = stack.enter_context(self.engine.connect())
-            read_tx = reader.begin()
+            conn = stack.enter_context(self.engine.connect())
+            raw = conn.connection.driver_connection
+            raw.execute("BEGIN")  # type: ignore[union-attr]
 
             def escalate() -> Connection:
                 # The same connection switches to a write transaction: a transaction never holds
                 # two pooled connections, so a full pool cannot deadlock against the write lock.
-                read_tx.commit()
+                _end(conn, commit=True)
                 stack.enter_context(self._write_lock)
-                reader.execution_options(sqlite_begin="IMMEDIATE")
-                stack.enter_context(reader.begin())
-                return reader
+                raw.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+                return conn
 
             try:
-                yield Tx(self, reader, escalate)
-            finally:
-                if read_tx.is_active:
-                    read_tx.rollback()
+                yield Tx(self, conn, escalate)
+            except BaseException:
+                _end(conn, commit=False)
+                raise
+            _end(conn, commit=True)
 
     @contextmanager
     def _keyed_lock(self, key: str) -> Iterator[None]:
