@@ -17,45 +17,23 @@ from rich.table import Table
 from kernel.domain import PolicyInput
 from kernel.errors import ValidationError
 from kernel.policy.cases import Report, parse_cases, run_cases
-from kernel.policy.resolver import yaml_revision
-from kernel.policy.yaml import compile_yaml_bundle
+from kernel.policy.testing import (
+    LoadedBundle,
+    RegoTestResult,
+    discover,
+    load_bundle,
+    run_rego_test_file,
+)
+from kernel.policy.testing.runner import bundle_name, case_file_for, rego_test_files
 
 out = Console()
 err = Console(stderr=True)
 
 
-def _load_yaml(path: Path) -> Any:
-    text = path.read_text(encoding="utf-8")
-    try:
-        return compile_yaml_bundle(text, revision=yaml_revision(text))
-    except ValidationError as exc:
-        raise ValidationError(f"{path}: {exc.message}") from None
+def _engine() -> Any:
+    from kernel.policy.resolver import LazyRegoEngine
 
-
-def _bundles(paths: list[str]) -> list[Path]:
-    found: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found += sorted(x for x in p.rglob("*.yaml") if not x.name.endswith(".policytest.yaml")
-                            and x.name != "regent.yaml")
-        elif p.exists():
-            found.append(p)
-        else:
-            raise ValidationError(f"{p}: no such file or directory")
-    return found
-
-
-def _cases_for(bundle: Path, explicit: str | None) -> Path | None:
-    if explicit:
-        return Path(explicit)
-    beside = bundle.with_suffix(".policytest.yaml") if bundle.suffix else bundle.parent / "bundle.policytest.yaml"
-    if beside.exists():
-        return beside
-    for root in [bundle.parent, *bundle.parents]:
-        candidate = root / "policy_tests" / f"{bundle.stem}.policytest.yaml"
-        if candidate.exists():
-            return candidate
-    return None
+    return LazyRegoEngine(size=1, timeout=5.0)
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -63,36 +41,100 @@ def cmd_test(args: argparse.Namespace) -> int:
         from kernel.cli_policy_replay import run_replay
 
         return run_replay(args)
+    engine = _engine()
     try:
+        return _test(args, engine)
+    finally:
+        engine.close()
+
+
+def _test(args: argparse.Namespace, engine: Any) -> int:
+    rx = None
+    try:
+        rx = re.compile(args.run) if args.run else None
         suites: list[tuple[Path, Report]] = []
-        for bundle_path in _bundles(args.paths):
-            bundle = _load_yaml(bundle_path)
-            cases_path = _cases_for(bundle_path, args.cases)
+        loaded: list[LoadedBundle] = []
+        rego: list[RegoTestResult] = []
+        for bundle_path in discover(args.paths):
+            bundle = load_bundle(bundle_path, engine)
+            loaded.append(bundle)
+            cases_path = Path(args.cases) if args.cases else case_file_for(bundle_path)
+            tests = rego_test_files(bundle_path) if bundle.kind == "rego" else []
+            if cases_path is None and not tests:
+                if len(args.paths) == 1 and Path(args.paths[0]) == bundle_path:
+                    raise ValidationError(f"no cases: expected {bundle_path.parent / (bundle_name(bundle_path) + '.policytest.yaml')}, or pass --cases")
+                continue
+            for tf in tests:
+                rego += run_rego_test_file(tf, bundle.modules, bundle.data, run=rx)
             if cases_path is None:
-                if len(args.paths) == 1 and Path(args.paths[0]).is_file():
-                    raise ValidationError(f"no cases: expected {bundle_path.with_suffix('.policytest.yaml')}, or pass --cases")
                 continue
             cases = parse_cases(cases_path.read_text(encoding="utf-8"), source=str(cases_path),
                                 default_agent=args.agent_id or "")
-            if args.run:
-                rx = re.compile(args.run)
+            if rx is not None:
                 cases = [c for c in cases if rx.search(c.name or c.target)]
-            suites.append((bundle_path, run_cases(bundle, cases, bundle.rule_ids)))
+            suites.append((bundle_path, run_cases(bundle.compiled, cases, bundle.rule_ids)))
     except (ValidationError, OSError, re.error) as exc:
         err.print(f"[red]{getattr(exc, 'message', exc)}[/]")
         return 1
-    total = sum(len(r.results) for _, r in suites)
-    failed = sum(r.failed for _, r in suites)
+    total = sum(len(r.results) for _, r in suites) + len(rego)
+    failed = sum(r.failed for _, r in suites) + sum(1 for x in rego if not x.passed)
+    coverage = _coverage(suites)
     if args.format == "json":
-        print(json.dumps({"suites": [_json(p, r) for p, r in suites], "failed": failed, "total": total}, indent=2))
+        print(json.dumps({"suites": [_json(p, r) for p, r in suites], "rego_tests": [_rego_json(x) for x in rego],
+                          "shadowed": _shadowed(loaded), "coverage": coverage,
+                          "failed": failed, "total": total}, indent=2))
     elif args.format == "junit":
-        print(_junit(suites))
+        print(_junit(suites, rego))
     else:
         _pretty(suites)
+        _pretty_rego(rego)
+        for b in loaded:
+            for rule, by in b.shadowed:
+                out.print(f"  [yellow]{b.path}: rule {rule} never matches: shadowed by rule {by}[/]")
+        out.print(f"  rule coverage {coverage['percent']:.1f}% ({coverage['covered']} of {coverage['rules']} rules)")
     if total == 0 and args.fail_on_empty:
         err.print("[red]no cases ran (--fail-on-empty)[/]")
         return 1
-    return 2 if failed else 0
+    if failed:
+        return 2
+    if args.threshold is not None and coverage["percent"] < args.threshold:
+        err.print(f"[red]rule coverage {coverage['percent']:.1f}% is below --threshold {args.threshold:g}[/]")
+        return 2
+    return 0
+
+
+def _coverage(suites: list[tuple[Path, Report]]) -> dict[str, Any]:
+    rules = covered = 0
+    for _, r in suites:
+        ran = {x.rule_id for x in r.results}
+        n = len(r.unexercised_rules) + len(ran - {"default", "bundle-error", "eval-error"})
+        rules += n
+        covered += n - len(r.unexercised_rules)
+    return {"rules": rules, "covered": covered, "percent": 100.0 * covered / rules if rules else 100.0}
+
+
+def _shadowed(loaded: list[LoadedBundle]) -> list[dict[str, str]]:
+    return [{"bundle": str(b.path), "rule_id": r, "shadowed_by": by} for b in loaded for r, by in b.shadowed]
+
+
+def _rego_json(x: RegoTestResult) -> dict[str, Any]:
+    row = {"file": x.file, "name": x.name, "status": x.status}
+    if x.message:
+        row["message"] = x.message
+    return row
+
+
+def _pretty_rego(rego: list[RegoTestResult]) -> None:
+    if not rego:
+        return
+    t = Table(title="Rego unit tests", show_header=False, box=None, padding=(0, 2))
+    colour = {"pass": "green", "fail": "red", "error": "red", "skip": "yellow"}
+    for x in sorted(rego, key=lambda x: x.passed):
+        t.add_row(f"[{colour[x.status]}]{x.status.upper()}[/]", x.name, x.message, x.file)
+    out.print(t)
+    bad = sum(1 for x in rego if not x.passed)
+    out.print(f"  {bad} of {len(rego)} Rego tests failed" if bad else f"  {len(rego)} Rego tests passed")
+    out.print()
 
 
 def _json(path: Path, r: Report) -> dict[str, Any]:
@@ -116,15 +158,30 @@ def _json(path: Path, r: Report) -> dict[str, Any]:
     return body
 
 
-def _junit(suites: list[tuple[Path, Report]]) -> str:
+def _junit(suites: list[tuple[Path, Report]], rego: list[RegoTestResult] = ()) -> str:  # type: ignore[assignment]
     root = ET.Element("testsuites")
     for path, r in suites:
-        s = ET.SubElement(root, "testsuite", name=str(path), tests=str(len(r.results)), failures=str(r.failed))
+        s = ET.SubElement(root, "testsuite", name=str(path), tests=str(len(r.results)), failures=str(r.failed),
+                          errors="0", skipped="0")
         for x in r.results:
             tc = ET.SubElement(s, "testcase", classname=path.stem, name=x.case.name or x.case.target)
             if not x.passed:
                 f = ET.SubElement(tc, "failure", message=x.failure)
                 f.text = f"decision {x.decision} by rule {x.rule_id}"
+    by_file: dict[str, list[RegoTestResult]] = {}
+    for x in rego:
+        by_file.setdefault(x.file, []).append(x)
+    for file, xs in by_file.items():
+        s = ET.SubElement(root, "testsuite", name=file, tests=str(len(xs)),
+                          failures=str(sum(x.status == "fail" for x in xs)),
+                          errors=str(sum(x.status == "error" for x in xs)),
+                          skipped=str(sum(x.status == "skip" for x in xs)))
+        for x in xs:
+            tc = ET.SubElement(s, "testcase", classname=Path(file).stem, name=x.name)
+            if x.status in ("fail", "error"):
+                ET.SubElement(tc, "failure" if x.status == "fail" else "error", message=x.message)
+            elif x.status == "skip":
+                ET.SubElement(tc, "skipped", message="todo test")
     return ET.tostring(root, encoding="unicode")
 
 
@@ -155,23 +212,37 @@ def _pretty(suites: list[tuple[Path, Report]]) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     bad = 0
     try:
-        paths = _bundles(args.paths)
+        paths = discover(args.paths)
     except ValidationError as exc:
         err.print(f"[red]{exc.message}[/]")
         return 1
-    for p in paths:
-        try:
-            _load_yaml(p)
-            out.print(f"[green]ok[/]  {p}")
-        except ValidationError as exc:
-            bad += 1
-            err.print(f"[red]{exc.message}[/]")
+    engine = _engine()
+    try:
+        for p in paths:
+            try:
+                b = load_bundle(p, engine)
+                out.print(f"[green]ok[/]  {p}")
+                for rule, by in b.shadowed:
+                    out.print(f"  [yellow]rule {rule} never matches: shadowed by rule {by}[/]")
+            except ValidationError as exc:
+                bad += 1
+                err.print(f"[red]{exc.message}[/]")
+    finally:
+        engine.close()
     return 1 if bad else 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    engine = _engine()
     try:
-        bundle = _load_yaml(Path(args.bundle))
+        return _eval(args, engine)
+    finally:
+        engine.close()
+
+
+def _eval(args: argparse.Namespace, engine: Any) -> int:
+    try:
+        bundle = load_bundle(Path(args.bundle), engine)
         parsed = json.loads(args.args) if args.args else None
     except ValidationError as exc:
         err.print(f"[red]{exc.message}[/]")
@@ -179,14 +250,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         err.print(f"[red]--args is not JSON: {exc}[/]")
         return 1
+    if parsed is not None and not isinstance(parsed, dict):
+        err.print("[red]--args must be a JSON object[/]")
+        return 1
     inp = PolicyInput(agent_id=args.agent_id or "", kind=args.kind, target=args.target, args=parsed)
-    d = bundle.evaluate(inp)
+    d = bundle.compiled.evaluate(inp)
     out.print(f"  {d.verdict.value}  {d.rule_id}" + (f"  {d.reason}" if d.reason else ""))
-    if args.explain:
-        for tr in bundle.explain(inp):
+    if args.explain and bundle.kind == "yaml":
+        for tr in bundle.compiled.explain(inp):
             mark = "→" if tr.selected else ("✓" if tr.matched else "✗")
             why = "" if tr.matched else f"  ({tr.failed} did not match)"
             out.print(f"    {mark} {tr.rule_id} (line {tr.line}){why}")
+    elif args.explain:
+        from kernel.policy.rego import input_document
+
+        out.print(f"    entrypoint data.{bundle.compiled.bundle.entrypoint.replace('/', '.')}")
+        out.print(f"    input {json.dumps(input_document(inp), sort_keys=True)}")
+        doc = {"decision": d.verdict.value, "rule_id": d.rule_id, "reason": d.reason,
+               "approval": str(d.approval) if d.approval else None, "revision": d.policy_revision}
+        out.print(f"    decision document (as the kernel reads it): {json.dumps(doc)}")
+        out.print("    print lines: not captured (the worker pool does not relay regopy's print output)")
     return 0
 
 
@@ -200,6 +283,7 @@ def add_commands(sub: Any) -> None:
     t.add_argument("--format", choices=["pretty", "json", "junit"], default="pretty")
     t.add_argument("-r", "--run", help="only cases whose name (or target) matches this regex")
     t.add_argument("--fail-on-empty", action="store_true")
+    t.add_argument("--threshold", type=float, default=None, help="fail (exit 2) when rule coverage is below N percent")
     from kernel.cli_policy_replay import add_replay_arguments
 
     add_replay_arguments(t)
