@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import AgentProc, DevKernel, dev_kernel_for
+from tests.e2e.conftest import AgentProc, DevKernel, dev_kernel_for, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -129,7 +129,10 @@ def test_refusal_does_not_advance_the_occurrence(rl: RlKernel) -> None:
 
 def test_max_wait_parks_then_redelivers_after_the_wait_and_runs_each_body_once(rl: RlKernel) -> None:
     started = time.monotonic()
-    eid, e = rl.run(YAML_AGENT, [("fetch", 1), ("fetch", 2)], timeout=25)
+    eid = rl.api.create(YAML_AGENT, {"calls": [{"tool": "fetch", "n": 1}, {"tool": "fetch", "n": 2}]})
+    wait_for(lambda: rl.logs(YAML_AGENT, eid, "blocked"), "the agent to see blocked", timeout=15)
+    assert rl.api.get(eid)["status"] == "running"  # parked, not failed or blocked on a human
+    e = rl.api.wait_status(eid, "completed", "failed", "cancelled", timeout=25)
     elapsed = time.monotonic() - started
     assert e["status"] == "completed", e
     assert e["output"] == {"rate_limited": False, "results": ["ran fetch 1", "ran fetch 2"]}
@@ -151,7 +154,7 @@ def test_max_wait_parks_then_redelivers_after_the_wait_and_runs_each_body_once(r
     [park] = rl.payloads(eid, "step.rate_limited")
     assert park["error"] == {"reason": "rate_limit_exceeded", "rule_id": "fetch-park"}
     i = types.index("step.rate_limited")
-    assert "dispatch.queued" in types[i:], types
+    assert types[i + 1] == "dispatch.queued", types  # the lease is released and a new dispatch queued at once
     queued = [p for p in rl.payloads(eid, "dispatch.queued") if p.get("next_attempt_at")]
     assert queued, rl.api.events(eid)
     assert [s["args"] for s in rl.api.steps(eid)] == [{"n": 1}, {"n": 2}]
