@@ -142,7 +142,7 @@ def _json(path: Path, r: Report) -> dict[str, Any]:
     for x in r.results:
         row: dict[str, Any] = {"name": x.case.name, "target": x.case.target, "kind": x.case.kind,
                                "decision": x.decision, "rule_id": x.rule_id, "pass": x.passed}
-        for key in ("agent_id", "expect", "expect_rule"):
+        for key in ("agent_id", "expect", "expect_rule", "expect_reason"):
             if getattr(x.case, key):
                 row[key] = getattr(x.case, key)
         if x.case.args is not None:

@@ -6,6 +6,7 @@ A library: it returns results and never prints; the CLI renders them and picks t
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,8 @@ from kernel.errors import ValidationError
 from kernel.policy.resolver import CompiledBundle
 
 _FILE_KEYS = {"agent_id", "cases"}
-_CASE_KEYS = {"name", "agent_id", "kind", "target", "args", "expect", "expect_rule"}
+_CASE_KEYS = {"name", "agent_id", "kind", "target", "args", "expect", "expect_rule", "expect_reason", "context"}
+_CONTEXT_KEYS = {"now", "usage", "execution", "agent_id", "rate_limit"}
 _KINDS = {"tool_call", "llm_call", "local"}
 _EXPECT = {"allow", "deny", "require_approval"}
 
@@ -30,6 +32,8 @@ class Case:
     args: dict[str, Any] | None = None
     expect: str = ""
     expect_rule: str = ""
+    expect_reason: str = ""  # a regex searched in the reason (Regent extension)
+    context: dict[str, Any] = field(default_factory=dict)  # now, usage, execution, rate_limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +88,32 @@ def _case(raw: Any, i: int, source: str, file_agent: str) -> Case:
     kind = raw.get("kind") or "tool_call"
     if kind not in _KINDS:
         raise ValidationError(f'{source}: case {i}: unknown kind "{kind}"')
+    context = raw.get("context") or {}
+    if not isinstance(context, dict):
+        raise ValidationError(f"{source}: case {i}: context must be a mapping")
+    bad = set(context) - _CONTEXT_KEYS
+    if bad:
+        raise ValidationError(f"{source}: case {i}: unknown key 'context.{sorted(bad)[0]}'")
+    limits = context.get("rate_limit") or {}
+    if not isinstance(limits, dict) or any(v != "exhausted" for v in limits.values()):
+        raise ValidationError(f"{source}: case {i}: context.rate_limit maps rule ids to 'exhausted'")
     expect = raw.get("expect") or ""
-    if expect and expect not in _EXPECT:
+    if expect in ("rate_limited", "blocked") and limits:
+        pass
+    elif expect and expect not in _EXPECT:
         raise ValidationError(f'{source}: case {i}: unknown expect "{expect}"')
     args = raw.get("args")
     if args is not None and not isinstance(args, dict):
         raise ValidationError(f"{source}: case {i}: args must be a mapping")
-    return Case(target=target, name=str(raw.get("name") or ""), agent_id=str(raw.get("agent_id") or file_agent),
-                kind=kind, args=args, expect=str(expect), expect_rule=str(raw.get("expect_rule") or ""))
+    reason = str(raw.get("expect_reason") or "")
+    try:
+        re.compile(reason)
+    except re.error as exc:
+        raise ValidationError(f"{source}: case {i}: expect_reason is not a regex: {exc}") from None
+    agent = raw.get("agent_id") or context.get("agent_id") or file_agent
+    return Case(target=target, name=str(raw.get("name") or ""), agent_id=str(agent),
+                kind=kind, args=args, expect=str(expect), expect_rule=str(raw.get("expect_rule") or ""),
+                expect_reason=reason, context=context)
 
 
 def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ...] = ()) -> Report:
@@ -101,14 +123,24 @@ def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ..
     for c in cases:
         # args are evaluated exactly like submitted args: JSON-serialised, then decoded.
         args = json.loads(json.dumps(c.args, sort_keys=True)) if c.args is not None else None
-        d = bundle.evaluate(PolicyInput(agent_id=c.agent_id, kind=c.kind, target=c.target, args=args))
+        extra: dict[str, Any] = {k: c.context[k] for k in ("now", "usage", "execution") if k in c.context}
+        if "usage" in extra:
+            extra["usage"] = {"input_tokens": 0, "output_tokens": 0, **extra["usage"]}
+        d = bundle.evaluate(PolicyInput(agent_id=c.agent_id, kind=c.kind, target=c.target, args=args, **extra))
         seen.add(d.rule_id)
-        got = d.verdict.value
+        got, reason = d.verdict.value, d.reason
+        if got == "allow" and d.rate_limit is not None and d.rule_id in (c.context.get("rate_limit") or {}):
+            # What the kernel answers when this rule's bucket is full (docs/ratelimits.md): parked
+            # (`blocked`) when the rule has max_wait (first time in an execution), else refused.
+            got = "blocked" if d.rate_limit.max_wait_seconds > 0 else "rate_limited"
+            reason = "rate_limit_exceeded"
         failure = ""
         if c.expect and got != c.expect:
             failure = f"{got}, want {c.expect}"
         elif c.expect_rule and d.rule_id != c.expect_rule:
             failure = f"rule {d.rule_id}, want {c.expect_rule}"
-        report.results.append(CaseResult(c, got, d.rule_id, d.reason, not failure, failure))
+        elif c.expect_reason and not re.search(c.expect_reason, reason or ""):
+            failure = f"reason {reason!r}, want /{c.expect_reason}/"
+        report.results.append(CaseResult(c, got, d.rule_id, reason, not failure, failure))
     report.unexercised_rules = [r for r in rule_ids if r not in seen]
     return report

@@ -168,3 +168,25 @@ def test_run_regex_selects_rego_tests_and_cases(tmp_path: Path, capsys: pytest.C
     assert rc == 0
     assert [x["name"] for x in report["rego_tests"]] == ["t_test.test_one"]
     assert [x["name"] for x in report["suites"][0]["results"]] == ["one-case"]
+
+
+def test_context_and_expect_reason_against_yaml_and_rego_twins(capsys: pytest.CaptureFixture[str],
+                                                              tmp_path: Path) -> None:
+    cases = ("agent_id: researcher\ncases:\n"
+             "  - {name: exhausted, target: arxiv/search, context: {rate_limit: {allow-search-tools: exhausted}},"
+             " expect: rate_limited, expect_reason: rate_limit}\n"
+             "  - {name: reason, kind: llm_call, target: llama-3, expect: deny, expect_reason: 'not approved'}\n"
+             "  - {name: ctx, target: web_search, context: {now: '2026-01-01T00:00:00Z', usage: {input_tokens: 5},"
+             " execution: {id: x}}, expect: allow}\n")
+    (tmp_path / "case.policytest.yaml").write_text(cases)
+    for bundle in ("researcher.yaml", "researcher-rego"):
+        rc, report = run_json([str(ROOT / "bundles" / bundle), "--cases", str(tmp_path / "case.policytest.yaml")], capsys)
+        assert rc == 0, (bundle, report)
+        assert [r["decision"] for r in report["suites"][0]["results"]] == ["rate_limited", "deny", "allow"]
+
+
+def test_unknown_context_key_names_file_case_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    b = rego_bundle(tmp_path, cases="cases:\n  - {target: ls, context: {clock: x}}\n")
+    assert main(["policy", "test", str(b)]) == 1
+    msg = capsys.readouterr().err
+    assert "t.policytest.yaml" in msg and "case 1" in msg and "context.clock" in msg
