@@ -72,7 +72,7 @@ def _test(args: argparse.Namespace, engine: Any) -> int:
                                 default_agent=args.agent_id or "")
             if rx is not None:
                 cases = [c for c in cases if rx.search(c.name or c.target)]
-            suites.append((bundle_path, run_cases(bundle.compiled, cases, bundle.rule_ids)))
+            suites.append((bundle_path, _run_with_progress(args, bundle, cases)))
     except (ValidationError, OSError, re.error) as exc:
         err.print(f"[red]{getattr(exc, 'message', exc)}[/]")
         return 1
@@ -101,6 +101,17 @@ def _test(args: argparse.Namespace, engine: Any) -> int:
         err.print(f"[red]rule coverage {coverage['percent']:.1f}% is below --threshold {args.threshold:g}[/]")
         return 2
     return 0
+
+
+def _run_with_progress(args: argparse.Namespace, bundle: LoadedBundle, cases: list[Any]) -> Report:
+    """A progress bar on long runs, pretty format on a terminal only (JSON/JUnit stay clean)."""
+    if args.format != "pretty" or len(cases) < 200 or not err.is_terminal:
+        return run_cases(bundle.compiled, cases, bundle.rule_ids)
+    from rich.progress import Progress
+
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task(str(bundle.path), total=len(cases))
+        return run_cases(bundle.compiled, cases, bundle.rule_ids, on_case=lambda: bar.advance(task))
 
 
 def _coverage(suites: list[tuple[Path, Report]]) -> dict[str, Any]:

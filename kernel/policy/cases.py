@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,8 +117,10 @@ def _case(raw: Any, i: int, source: str, file_agent: str) -> Case:
                 expect_reason=reason, context=context)
 
 
-def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ...] = ()) -> Report:
-    """Evaluate each case with the rule engine only (no rate limits, budgets or kernel guards)."""
+def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ...] = (),
+              on_case: Callable[[], None] | None = None) -> Report:
+    """Evaluate each case with the rule engine only (no rate limits, budgets or kernel guards);
+    `on_case` is called after each (the CLI's progress bar)."""
     report = Report()
     seen: set[str] = set()
     for c in cases:
@@ -142,5 +145,7 @@ def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ..
         elif c.expect_reason and not re.search(c.expect_reason, reason or ""):
             failure = f"reason {reason!r}, want /{c.expect_reason}/"
         report.results.append(CaseResult(c, got, d.rule_id, reason, not failure, failure))
+        if on_case is not None:
+            on_case()
     report.unexercised_rules = [r for r in rule_ids if r not in seen]
     return report
