@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kernel.cli_policy import add_commands
 
     add_commands(sub)
+    from kernel.gateway.cli import add_command as add_gateway
+
+    add_gateway(sub)
     return p
 
 

@@ -107,7 +107,7 @@ class _DeltaPublisher:
             self.queue.put_nowait(None)
         try:
             await asyncio.wait_for(asyncio.shield(self.task), timeout_seconds)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             self.task.cancel()
 
 

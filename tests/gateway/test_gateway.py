@@ -137,7 +137,7 @@ def _raised(resp: httpx.Response) -> BaseException | None:
         err.__cause__ = e
         try:
             rebuno.raise_for_refusal(err)
-        except Exception as mapped:  # noqa: BLE001 - the mapped control-flow error is the result
+        except Exception as mapped:
             return mapped
     return None
 

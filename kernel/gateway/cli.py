@@ -1,0 +1,29 @@
+"""`regent gateway`: serve the OpenAI-compatible gateway in front of an upstream provider."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import uvicorn
+
+from kernel.gateway.app import create_gateway_app
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    kernel_url = args.kernel or os.environ.get("REGENT_KERNEL_URL", "http://127.0.0.1:8080")
+    app = create_gateway_app(args.upstream, kernel_url, max_body_bytes=args.max_body_bytes,
+                             upstream_timeout_seconds=args.upstream_timeout_seconds)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    sp = sub.add_parser("gateway", help="OpenAI-compatible proxy recording LLM calls as llm_call steps")
+    sp.add_argument("--upstream", required=True, help="provider base URL replacing /v1, e.g. https://api.openai.com/v1")
+    sp.add_argument("--kernel", help="kernel URL (REGENT_KERNEL_URL, default http://127.0.0.1:8080)")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8090)
+    sp.add_argument("--max-body-bytes", dest="max_body_bytes", type=int, default=4 * 1024 * 1024)
+    sp.add_argument("--upstream-timeout-seconds", dest="upstream_timeout_seconds", type=float, default=600.0)
+    sp.set_defaults(fn=cmd_gateway)
