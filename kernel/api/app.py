@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from kernel.api import errors
 from kernel.api.auth import Authenticator
-from kernel.api.routes import admin, agent, client, ops, policies
+from kernel.api.routes import admin, agent, client, ops, policies, stream
 from kernel.core.kernel import Kernel
 
 
@@ -48,6 +48,6 @@ def create_app(
     )
     app.state.metrics_registry = registry or CollectorRegistry()
     errors.install(app)
-    for r in (ops.router, agent.router, client.router, admin.router, policies.router):
+    for r in (ops.router, agent.router, client.router, admin.router, policies.router, stream.router):
         app.include_router(r)
     return app

@@ -1,0 +1,76 @@
+"""Stream side channel routes (rebuno-v0 §10): agent-signed producer, bearer SSE consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from kernel.api.body import Strict, parse_model
+from kernel.api.deps import auth_of, call, kernel_of, uuid_param
+from kernel.core import executions, steps
+from kernel.domain import StepStatus
+from kernel.errors import Conflict, ValidationError
+from kernel.stream import InProcessBroker, StreamBroker
+
+router = APIRouter()
+MAX_DATA_BYTES = 7000  # PostgreSQL NOTIFY payloads stop at 8000 bytes
+DEFAULT_KEEPALIVE_SECONDS = 15.0
+
+
+class DeltaBody(Strict):
+    seq: int
+    data: str
+
+
+def broker_of(request: Request) -> StreamBroker:
+    """The app's broker; one in-process broker is made on first use when none was installed."""
+    state = request.app.state
+    if getattr(state, "stream_broker", None) is None:
+        state.stream_broker = InProcessBroker()
+    return state.stream_broker  # type: ignore[no-any-return]
+
+
+@router.post("/v0/executions/{execution_id}/steps/{step_id}/stream")
+async def publish_delta(execution_id: str, step_id: str, request: Request) -> Response:
+    a = await auth_of(request).agent(request)
+    eid = uuid_param(execution_id, "execution id")
+    body = parse_model(DeltaBody, a.body)
+    if len(body.data.encode("utf-8")) > MAX_DATA_BYTES:
+        raise ValidationError(f"data is over {MAX_DATA_BYTES} bytes")
+    s = await call(steps.get_step, kernel_of(request), eid, step_id.lower(), a.agent_id)
+    if s.status != StepStatus.EXECUTING:
+        raise Conflict(f"step {s.step_id} is {s.status}, not executing")
+    broker_of(request).publish(eid, {"step_id": s.step_id, "seq": body.seq, "data": body.data})
+    return Response(status_code=204)
+
+
+@router.get("/v0/executions/{execution_id}/stream")
+async def subscribe(execution_id: str, request: Request) -> Response:
+    await call(auth_of(request).principal, request, "executions:read")
+    eid = uuid_param(execution_id, "execution id")
+    await call(executions.get_execution, kernel_of(request), eid, None)
+    keepalive = float(getattr(request.app.state, "stream_keepalive_seconds", DEFAULT_KEEPALIVE_SECONDS))
+    broker = broker_of(request)
+    ctx = broker.subscribe(eid)
+    queue = ctx.__enter__()  # subscribed before the 200, so nothing published after it is missed
+
+    async def frames() -> AsyncIterator[bytes]:
+        try:
+            yield b": ok\n\n"
+            while True:
+                try:
+                    msg = await asyncio.wait_for(queue.get(), keepalive)
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                yield b"data: " + json.dumps(msg, separators=(",", ":")).encode() + b"\n\n"
+        finally:
+            ctx.__exit__(None, None, None)
+
+    return StreamingResponse(frames(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "Connection": "keep-alive",
+                                      "X-Accel-Buffering": "no"})
