@@ -200,3 +200,28 @@ def test_missing_lease_header_is_400_in_openai_shape(stack: Stack, drop: str) ->
     r = stack.chat(h, {"model": "gpt-4o-mini", "messages": []})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert "sk-test" not in r.text and stack.calls == []
+
+
+def test_streamed_call_publishes_its_deltas_to_the_side_channel(stack: Stack) -> None:
+    import threading
+
+    eid, h = stack.lease_headers()
+    got: list[str] = []
+    ready = threading.Event()
+
+    def listen() -> None:
+        with httpx.stream("GET", f"{stack.kernel.url}/v0/executions/{eid}/stream", timeout=10) as r:
+            for line in r.iter_lines():
+                if line == ": ok":
+                    ready.set()
+                elif line.startswith("data: "):
+                    got.append(json.loads(line[6:])["data"])
+                    if "".join(got) == STREAM:
+                        return
+
+    t = threading.Thread(target=listen, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    assert stack.chat(h, {"model": "gpt-4o-mini", "stream": True, "messages": []}).text == STREAM
+    t.join(10)
+    assert "".join(got) == STREAM
