@@ -102,4 +102,5 @@ def build_runtime(settings: Settings) -> Runtime:
         signature_window_seconds=settings.signature_window_seconds,
         lifespan_hooks=background_hooks(settings, kernel),
     )
+    app.state.stream_keepalive_seconds = settings.stream_keepalive_seconds
     return Runtime(settings, store, kernel, app, closers=[limiter.close, resolver.close], manifest=manifest)

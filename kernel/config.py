@@ -77,6 +77,8 @@ class Settings(BaseSettings):
     # Requests
     max_body_bytes: int = 10 * 1024 * 1024
     signature_window_seconds: int = 300
+    # Comment frames on an idle GET /v0/executions/{id}/stream, so proxies keep it open
+    stream_keepalive_seconds: float = Field(default=15.0, gt=0)
     # How long a replica keeps an agent's secret after reading it for a signature check
     # (0 = read it on every request). Changes made on this replica apply at once.
     agent_cache_ttl: float = 1.0
