@@ -67,6 +67,16 @@ def background_hooks(settings: Settings, kernel: Kernel) -> list[Any]:
     return [dispatcher, sweeper]
 
 
+def stream_hooks(settings: Settings, store: SqlStore) -> list[Any]:
+    """The stream side channel's broker: LISTEN/NOTIFY on PostgreSQL (replicas share deltas);
+    on SQLite the routes make an in-process broker on first use (one kernel per file)."""
+    if store.dialect != "postgresql" or not settings.db_url:
+        return []
+    from kernel.stream.postgres import postgres_stream_hook
+
+    return [postgres_stream_hook(settings.db_url)]
+
+
 def build_runtime(settings: Settings) -> Runtime:
     from kernel.api.app import create_app
 
@@ -100,7 +110,7 @@ def build_runtime(settings: Settings) -> Runtime:
         dev=settings.dev,
         max_body_bytes=settings.max_body_bytes,
         signature_window_seconds=settings.signature_window_seconds,
-        lifespan_hooks=background_hooks(settings, kernel),
+        lifespan_hooks=stream_hooks(settings, store) + background_hooks(settings, kernel),
     )
     app.state.stream_keepalive_seconds = settings.stream_keepalive_seconds
     return Runtime(settings, store, kernel, app, closers=[limiter.close, resolver.close], manifest=manifest)
