@@ -180,18 +180,18 @@ def _junit(suites: list[tuple[Path, Report]], rego: list[RegoTestResult] = ()) -
                 f = ET.SubElement(tc, "failure", message=x.failure)
                 f.text = f"decision {x.decision} by rule {x.rule_id}"
     by_file: dict[str, list[RegoTestResult]] = {}
-    for x in rego:
-        by_file.setdefault(x.file, []).append(x)
-    for file, xs in by_file.items():
-        s = ET.SubElement(root, "testsuite", name=file, tests=str(len(xs)),
-                          failures=str(sum(x.status == "fail" for x in xs)),
-                          errors=str(sum(x.status == "error" for x in xs)),
-                          skipped=str(sum(x.status == "skip" for x in xs)))
-        for x in xs:
-            tc = ET.SubElement(s, "testcase", classname=Path(file).stem, name=x.name)
-            if x.status in ("fail", "error"):
-                ET.SubElement(tc, "failure" if x.status == "fail" else "error", message=x.message)
-            elif x.status == "skip":
+    for t in rego:
+        by_file.setdefault(t.file, []).append(t)
+    for file, ts in by_file.items():
+        s = ET.SubElement(root, "testsuite", name=file, tests=str(len(ts)),
+                          failures=str(sum(t.status == "fail" for t in ts)),
+                          errors=str(sum(t.status == "error" for t in ts)),
+                          skipped=str(sum(t.status == "skip" for t in ts)))
+        for t in ts:
+            tc = ET.SubElement(s, "testcase", classname=Path(file).stem, name=t.name)
+            if t.status in ("fail", "error"):
+                ET.SubElement(tc, "failure" if t.status == "fail" else "error", message=t.message)
+            elif t.status == "skip":
                 ET.SubElement(tc, "skipped", message="todo test")
     return ET.tostring(root, encoding="unicode")
 

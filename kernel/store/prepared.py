@@ -33,7 +33,7 @@ class _Plan:
     __slots__ = ("binds", "defaults", "has_results", "names", "positional", "results", "row", "sql")
 
     def __init__(self, stmt: ClauseElement, dialect: Dialect):
-        compiled = stmt.compile(dialect=dialect)
+        compiled: Any = stmt.compile(dialect=dialect)  # a SQLCompiler (positiontup, binds, processors)
         self.sql: str = compiled.string
         self.positional: bool = bool(compiled.positional)
         self.names: tuple[str, ...] = tuple(compiled.positiontup or ()) if self.positional else tuple(compiled.binds)
