@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kernel.api.app import create_app
 from kernel.core.dispatch import claim_due, reap_expired_leases
 from kernel.core.kernel import Kernel
-from kernel.domain import BudgetSpec, Decision, PolicyInput, Verdict
+from kernel.domain import BudgetSpec, Decision, PolicyInput, RateLimitSpec, Verdict
 from kernel.gateway import create_gateway_app
 from tests.conftest import Running
 from tests.support import ServerThread
@@ -60,6 +60,8 @@ class ByModel:
             return Decision(Verdict.DENY, "no-forbidden", reason="model_forbidden")
         if inp.target == "needs-approval":
             return Decision(Verdict.REQUIRE_APPROVAL, "ask")
+        if inp.target == "one-per-minute":
+            return Decision(Verdict.ALLOW, "llm-cap", rate_limit=RateLimitSpec(max_calls=1, window_seconds=60))
         if inp.target == "budgeted":
             return Decision(Verdict.ALLOW, "budget", budget=BudgetSpec(max_tokens=10))
         return Decision.permissive()
@@ -91,12 +93,16 @@ class Stack:
 
 @pytest.fixture
 def stack(kernel: Kernel, running: Running) -> Iterator[Stack]:
+    from kernel.ratelimit import LimitsLimiter
+
     kernel.policy = ByModel()
+    kernel.limiter = limiter = LimitsLimiter("memory://")
     calls: list[dict[str, Any]] = []
     with ServerThread(create_app(kernel, dev=True, bearer_token="boot-token")) as k, \
             ServerThread(fake_upstream(calls)) as up, \
             ServerThread(create_gateway_app(f"{up.url}/v1", k.url)) as gw:
         yield Stack(k, gw, calls, running)
+    limiter.close()
 
 
 def test_non_streamed_completion_is_recorded_once_and_replayed(stack: Stack) -> None:
@@ -162,8 +168,20 @@ def test_call_on_cancelled_execution_maps_back_to_terminated(stack: Stack) -> No
     eid, h = stack.lease_headers()
     assert httpx.post(f"{stack.kernel.url}/v0/executions/{eid}/cancel", json={}).status_code < 300
     r = stack.chat(h, {"model": "gpt-4o-mini", "messages": []})
-    mapped = _raised(r)
-    assert isinstance(mapped, rebuno.Terminated | rebuno.LeaseSuperseded), r.text
+    assert r.status_code == 403 and "execution_terminal" in r.json()["error"]["message"], r.text
+    assert isinstance(_raised(r), rebuno.Terminated), r.text
+    assert stack.calls == []
+
+
+def test_a_real_rate_limit_refusal_is_429_and_maps_back_to_rate_limited(stack: Stack) -> None:
+    _, h = stack.lease_headers()
+    body = {"model": "one-per-minute", "messages": [{"role": "user", "content": "hi"}]}
+    assert stack.chat(h, body).status_code == 200
+    r = stack.chat(h, {**body, "messages": [{"role": "user", "content": "again"}]})
+    assert r.status_code == 429 and r.json()["error"]["type"] == "rebuno_refusal", r.text
+    assert "rate_limited" in r.json()["error"]["message"] and "rate_limit_exceeded" in r.json()["error"]["message"]
+    assert isinstance(_raised(r), rebuno.RateLimited)
+    assert len(stack.calls) == 1, "a refused call never reaches upstream"
 
 
 def test_rate_limited_marker_maps_back_to_rate_limited() -> None:
