@@ -119,3 +119,20 @@ def test_stalled_consumer_does_not_slow_the_producer(served: ServerThread, runni
         assert r.status_code == 200
         stalled = produce(300)
     assert stalled < alone * 5 + 0.05, (alone, stalled)
+
+
+def test_frames_are_exactly_the_spec_bytes(served: ServerThread, running: Running) -> None:
+    """rebuno-v0 §10: `: ok`, then `data: {…}` per delta, `: keep-alive` on the timer, LF only."""
+    c, eid, sid = _executing_step(running, served.url)
+    raw = b""
+    with httpx.stream("GET", f"{served.url}/v0/executions/{eid}/stream", timeout=10) as r:
+        assert r.headers["cache-control"] == "no-cache" and r.headers["x-accel-buffering"] == "no"
+        chunks = r.iter_raw()
+        raw += next(chunks)
+        assert c.request("POST", f"/v0/executions/{eid}/steps/{sid}/stream", {"seq": 0, "data": "hi"}).status_code == 204
+        deadline = time.monotonic() + 5
+        while b": keep-alive\n\n" not in raw and time.monotonic() < deadline:
+            raw += next(chunks)
+    assert raw.startswith(b": ok\n\n")
+    assert f'data: {{"step_id":"{sid}","seq":0,"data":"hi"}}\n\n'.encode() in raw
+    assert b": keep-alive\n\n" in raw and b"\r" not in raw

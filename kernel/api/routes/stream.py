@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.responses import Response
 
 from kernel.api.body import Strict, parse_model
 from kernel.api.deps import auth_of, call, kernel_of, uuid_param
@@ -58,19 +58,19 @@ async def subscribe(execution_id: str, request: Request) -> Response:
     ctx = broker.subscribe(eid)
     queue = ctx.__enter__()  # subscribed before the 200, so nothing published after it is missed
 
-    async def frames() -> AsyncIterator[bytes]:
+    async def frames() -> AsyncIterator[ServerSentEvent]:
         try:
-            yield b": ok\n\n"
+            yield ServerSentEvent(comment="ok", sep="\n")
             while True:
-                try:
-                    msg = await asyncio.wait_for(queue.get(), keepalive)
-                except TimeoutError:
-                    yield b": keep-alive\n\n"
-                    continue
-                yield b"data: " + json.dumps(msg, separators=(",", ":")).encode() + b"\n\n"
+                msg = await queue.get()
+                yield ServerSentEvent(data=json.dumps(msg, separators=(",", ":")), sep="\n")
         finally:
             ctx.__exit__(None, None, None)
 
-    return StreamingResponse(frames(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "Connection": "keep-alive",
-                                      "X-Accel-Buffering": "no"})
+    # sse-starlette sends the keep-alive comment on its own timer and ends the stream (running the
+    # generator's cleanup, which unsubscribes) as soon as the client disconnects.
+    return EventSourceResponse(
+        frames(), sep="\n", ping=keepalive,
+        ping_message_factory=lambda: ServerSentEvent(comment="keep-alive", sep="\n"),
+        headers={"Cache-Control": "no-cache"},
+    )
