@@ -265,7 +265,11 @@ def _eval(args: argparse.Namespace, engine: Any) -> int:
         err.print("[red]--args must be a JSON object[/]")
         return 1
     inp = PolicyInput(agent_id=args.agent_id or "", kind=args.kind, target=args.target, args=parsed)
-    d = bundle.compiled.evaluate(inp)
+    printed = None
+    if args.explain and bundle.kind != "yaml":
+        d, printed = bundle.compiled.engine.explain(bundle.compiled.bundle, inp)
+    else:
+        d = bundle.compiled.evaluate(inp)
     out.print(f"  {d.verdict.value}  {d.rule_id}" + (f"  {d.reason}" if d.reason else ""))
     if args.explain and bundle.kind == "yaml":
         for tr in bundle.compiled.explain(inp):
@@ -280,7 +284,10 @@ def _eval(args: argparse.Namespace, engine: Any) -> int:
         doc = {"decision": d.verdict.value, "rule_id": d.rule_id, "reason": d.reason,
                "approval": str(d.approval) if d.approval else None, "revision": d.policy_revision}
         out.print(f"    decision document (as the kernel reads it): {json.dumps(doc)}")
-        out.print("    print lines: not captured (the worker pool does not relay regopy's print output)")
+        lines = (printed or "").splitlines()
+        out.print(f"    print lines ({len(lines)}):" if lines else "    print lines: none")
+        for line in lines:
+            out.print(f"      {line}", markup=False, highlight=False)
     return 0
 
 

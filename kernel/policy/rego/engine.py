@@ -114,6 +114,12 @@ class RegoEngine:
             setattr(self, outcome, getattr(self, outcome) + 1)
         return decision
 
+    def explain(self, bundle: RegoBundle, inp: PolicyInput) -> tuple[Decision, str]:
+        """The decision and what the policy's `print()` calls wrote while making it."""
+        prints: list[str] = []
+        decision = self._evaluate(bundle, input_document(inp), prints)
+        return decision, "".join(prints)
+
     def compile(self, bundle: RegoBundle) -> CompileReport:
         """Compile `bundle` in a worker (the load gate's compile step), which keeps the
         compiled copy; never raises."""
@@ -159,7 +165,7 @@ class RegoEngine:
         with self._lock:
             setattr(self, name, getattr(self, name) + n)
 
-    def _evaluate(self, bundle: RegoBundle, document: dict[str, Any]) -> Decision:
+    def _evaluate(self, bundle: RegoBundle, document: dict[str, Any], prints: list[str] | None = None) -> Decision:
         revision = bundle.revision
         broken = self._broken.get(bundle.digest)
         if broken is not None:
@@ -193,10 +199,13 @@ class RegoEngine:
                             bundle, reason or "rego-cpp could not build it"
                         )
                 phase = "evaluating"
-                op, reply = w.call(P.OP_EVAL, key + body, self.timeout)
+                op, reply = w.call(P.OP_EVAL if prints is None else P.OP_EVAL_PRINTS, key + body, self.timeout)
                 if op != P.OP_MISSING:
                     break
                 w.loaded.pop(bundle.digest, None)  # the worker evicted it: load and try again
+            if prints is not None:
+                _, printed = w.call(P.OP_LAST_PRINTS, b"", self.timeout)
+                prints.append(printed.decode("utf-8", "replace"))
         except WorkerFault as fault:
             reason = self._fault(w, fault, bundle, phase)
             if phase == "compiling":

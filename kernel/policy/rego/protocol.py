@@ -17,6 +17,8 @@ KEY_BYTES = 64  # a bundle key is the 64-hex SHA-256 content digest
 # kernel → worker
 OP_LOAD = 1  # JSON {"key", "modules", "data", "entrypoint", "names"}
 OP_EVAL = 2  # key (64 ASCII bytes) + input document JSON
+OP_EVAL_PRINTS = 3  # as OP_EVAL, keeping what the policy's print() calls wrote (policy eval --explain)
+OP_LAST_PRINTS = 4  # → OP_OK with the print() output of the last OP_EVAL_PRINTS (UTF-8, ≤ 64 KiB)
 
 # worker → kernel
 OP_HELLO = 10  # JSON capabilities, sent once at start-up

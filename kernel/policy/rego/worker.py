@@ -225,6 +225,7 @@ def _query_true(interp: Any, expression: str) -> bool:
 
 class Worker:
     def __init__(self, sock: socket.socket, *, test_hooks: bool, max_bundles: int = 64):
+        self.last_prints = ""
         self.sock = sock
         self.test_hooks = test_hooks
         self.max_bundles = max_bundles
@@ -261,6 +262,10 @@ class Worker:
                 return
             if op == P.OP_EVAL:
                 self.evaluate(payload)
+            elif op == P.OP_EVAL_PRINTS:
+                self.evaluate(payload, capture=True)
+            elif op == P.OP_LAST_PRINTS:
+                self.send(P.OP_OK, self.last_prints.encode("utf-8"))
             elif op == P.OP_LOAD:
                 self.load(json.loads(payload))
             else:
@@ -323,7 +328,8 @@ class Worker:
             "into data.json, or build the object with object.union from smaller ones"
         )
 
-    def evaluate(self, payload: bytes) -> None:
+    def evaluate(self, payload: bytes, capture: bool = False) -> None:
+        self.last_prints = ""
         key = payload[: P.KEY_BYTES].decode("ascii")
         entry = self.bundles.get(key)
         if entry is None:
@@ -348,7 +354,13 @@ class Worker:
         finally:
             _free_input(p)
         _, bundle, entrypoint = entry
-        out = _query_entrypoint(self.runtime._impl, bundle._impl, entrypoint)
+        if capture:
+            # rego-cpp writes print() lines to stdout; only `policy eval --explain` asks for them.
+            with _StdoutCapture() as cap:
+                out = _query_entrypoint(self.runtime._impl, bundle._impl, entrypoint)
+            self.last_prints = cap.text
+        else:
+            out = _query_entrypoint(self.runtime._impl, bundle._impl, entrypoint)
         if not out:
             self.fail(_rs.rego_get_error(self.runtime._impl) or "rego-cpp returned no output")
             return

@@ -190,3 +190,17 @@ def test_unknown_context_key_names_file_case_and_key(tmp_path: Path, capsys: pyt
     assert main(["policy", "test", str(b)]) == 1
     msg = capsys.readouterr().err
     assert "t.policytest.yaml" in msg and "case 1" in msg and "context.clock" in msg
+
+
+def test_rego_eval_explain_shows_the_policys_print_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = ('package t\nimport rego.v1\n\ndecision := {"decision": "allow", "rule_id": "allow-ls"} if {\n'
+           '\tprint("target is", input.target)\n\tinput.target == "ls"\n}\n')
+    b = rego_bundle(tmp_path)
+    (b / "policy.rego").write_text(src)
+    rc = main(["policy", "eval", str(b), "--target", "ls", "--explain"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "allow-ls" in text
+    assert "print lines (1):" in text and "      target is ls" in text.splitlines()
+    # Without --explain nothing is captured or shown, and evaluation is the ordinary path.
+    assert main(["policy", "eval", str(b), "--target", "ls"]) == 0
+    assert "print lines" not in capsys.readouterr().out
