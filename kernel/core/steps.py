@@ -153,7 +153,7 @@ def _decide_new(
     ):
         decision = INDETERMINATE_RETRY
     else:
-        usage_in, usage_out = tx.token_usage(e.id)
+        usage_in, usage_out = e.usage_input, e.usage_output  # read with the row, under the lock
         decision = k.policy.decide(
             PolicyInput(
                 agent_id=e.agent_id,

@@ -36,3 +36,7 @@ class Execution:
     failure_reason: str | None = None
     deadline_at: datetime | None = None
     idempotency_key: str | None = None
+    # The token meter (sum of its steps' recorded usage), read with the row so a budget check
+    # costs no extra query.
+    usage_input: int = 0
+    usage_output: int = 0

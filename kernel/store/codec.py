@@ -58,6 +58,8 @@ def to_execution(r: Any) -> Execution:
         failure_reason=r.failure_reason,
         deadline_at=r.deadline_at,
         idempotency_key=r.idempotency_key,
+        usage_input=int(getattr(r, "usage_input", 0) or 0),
+        usage_output=int(getattr(r, "usage_output", 0) or 0),
     )
 
 
