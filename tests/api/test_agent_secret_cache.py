@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from kernel.core.agents import register_agent
+from kernel.core.kernel import Kernel
 from kernel.domain import Agent
 from tests.conftest import Running
 from tests.support import AgentClient, ServerThread
@@ -19,6 +20,14 @@ def _register_over_http(server: ServerThread, agent_id: str, secret: str) -> Non
         "id": agent_id, "webhook_url": "http://127.0.0.1:9/webhook", "secret": secret,
     })
     assert r.status_code in (200, 201), r.text
+
+
+def _change_secret_elsewhere(k: Kernel, agent_id: str, secret: str) -> None:
+    """What another replica's registration looks like to this one: the row changes, no forget()."""
+    with k.store.transaction() as tx:
+        a = tx.get_agent(agent_id)
+        assert isinstance(a, Agent)
+        tx.upsert_agent(Agent(id=a.id, webhook_url=a.webhook_url, secret=secret, registered_at=a.registered_at))
 
 
 def test_rotating_the_secret_over_the_admin_api_applies_at_once(server: ServerThread, running: Running) -> None:
@@ -40,11 +49,7 @@ def test_a_secret_changed_behind_the_kernel_works_at_once_and_the_old_one_expire
     old = AgentClient(server.url, running.agent_id, running.secret).lease(did, att)
     assert old.submit(eid, "t", {"n": 1}).status_code == 200
 
-    # What another replica's registration looks like to this one: the row changes, no forget().
-    with k.store.transaction() as tx:
-        a = tx.get_agent(running.agent_id)
-        assert isinstance(a, Agent)
-        tx.upsert_agent(Agent(id=a.id, webhook_url=a.webhook_url, secret="elsewhere", registered_at=a.registered_at))
+    _change_secret_elsewhere(k, running.agent_id, "elsewhere")
     new = AgentClient(server.url, running.agent_id, "elsewhere").lease(did, att)
     assert new.submit(eid, "t", {"n": 2}).status_code == 200  # a failed check re-reads the store
 
@@ -58,10 +63,7 @@ def test_the_old_secret_is_accepted_no_longer_than_the_ttl(server: ServerThread,
     eid, did, att = running.start()
     old = AgentClient(server.url, running.agent_id, running.secret).lease(did, att)
     assert old.submit(eid, "t", {"n": 1}).status_code == 200
-    with k.store.transaction() as tx:
-        a = tx.get_agent(running.agent_id)
-        assert isinstance(a, Agent)
-        tx.upsert_agent(Agent(id=a.id, webhook_url=a.webhook_url, secret="elsewhere", registered_at=a.registered_at))
+    _change_secret_elsewhere(k, running.agent_id, "elsewhere")
     time.sleep(0.35)
     assert old.submit(eid, "t", {"n": 2}).status_code == 401
 
