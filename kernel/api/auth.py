@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from kernel.api.body import BodyTooLarge, read_body
+from kernel.api.threads import call
 from kernel.core import agents
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
@@ -119,17 +120,11 @@ class Authenticator:
         ok = secret is not None and verify(secret)
         if not ok:
             # Not cached, or cached and failing (the secret may have been rotated elsewhere).
-            secret = await _to_thread(agents.agent_secret, self.kernel, agent_id)
+            secret = await call(agents.agent_secret, self.kernel, agent_id)
             ok = secret is not None and verify(secret)
         if not ok:
             raise Unauthorized()
         return AgentCall(agent_id, body, h.get("rebuno-dispatch-id"), h.get("rebuno-dispatch-attempt"))
-
-
-async def _to_thread(fn, *args):  # type: ignore[no-untyped-def]
-    from starlette.concurrency import run_in_threadpool
-
-    return await run_in_threadpool(fn, *args)
 
 
 def is_agent_request(request: Request) -> bool:

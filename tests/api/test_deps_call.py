@@ -8,7 +8,7 @@ import contextvars
 import threading
 import time
 
-from kernel.api.deps import call
+from kernel.api.threads import call
 
 REQUEST = contextvars.ContextVar("request", default="none")
 
