@@ -77,6 +77,13 @@ def stream_hooks(settings: Settings, store: SqlStore) -> list[Any]:
     return [postgres_stream_hook(settings.db_url)]
 
 
+def default_core_threads(dialect: str) -> int:
+    """SQLite serialises writers, and under the GIL one thread running use cases back to back beats
+    several handing off to each other; PostgreSQL statements wait on the network, so a few
+    threads overlap those waits (bench/README.md, "The lane")."""
+    return 1 if dialect == "sqlite" else 4
+
+
 def build_runtime(settings: Settings) -> Runtime:
     from kernel.api.app import create_app
 
@@ -90,6 +97,9 @@ def build_runtime(settings: Settings) -> Runtime:
     )
     if settings.auto_migrate:
         migrate(store)
+    from kernel.api import threads
+
+    threads.configure(settings.core_threads or default_core_threads(store.dialect))
     from kernel.policy.resolver import BundleResolver, LazyRegoEngine
 
     resolver = BundleResolver(

@@ -1,5 +1,6 @@
-"""`call`: the one thread hop of a request. A started use case always runs to its end before the
-request's cancellation reaches the caller, and context variables cross the hop."""
+"""`call`: the one thread hop of a request, onto the lane. A started use case always runs to its end
+before the request's cancellation reaches the caller, one not started never starts, context
+variables cross the hop, and a call stuck on the lane does not hold up the calls behind it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import contextvars
 import threading
 import time
 
-from kernel.api.threads import call
+import pytest
+
+from kernel.api import threads
+from kernel.api.threads import Lane, call
 
 REQUEST = contextvars.ContextVar("request", default="none")
 
@@ -43,3 +47,109 @@ def test_context_variables_and_results_cross_the_hop() -> None:
 
     value, loop_thread = asyncio.run(scenario())
     assert value == "req-1" and not loop_thread.startswith("regent-core")
+
+
+# -- the lane --------------------------------------------------------------------------------------
+
+
+def test_calls_run_back_to_back_on_the_lane_thread_in_order() -> None:
+    lane = Lane(threads=1)
+    seen: list[tuple[int, str]] = []
+
+    def use_case(i: int) -> int:
+        seen.append((i, threading.current_thread().name))
+        return i * 2
+
+    async def scenario() -> list[int]:
+        return list(await asyncio.gather(*(lane.call(use_case, i) for i in range(20))))
+
+    try:
+        assert asyncio.run(scenario()) == [i * 2 for i in range(20)]
+    finally:
+        lane.close()
+    assert [i for i, _ in seen] == list(range(20))
+    assert {name for _, name in seen} == {"regent-core-0"}
+    assert lane.spilled == 0
+
+
+def test_a_call_queued_behind_a_stuck_one_goes_to_the_overflow_pool() -> None:
+    lane = Lane(threads=1, stuck_after=0.02)
+    release = threading.Event()
+
+    def stuck() -> str:
+        release.wait(5)
+        return "stuck"
+
+    def quick() -> str:
+        return threading.current_thread().name
+
+    async def scenario() -> tuple[str, float]:
+        slow = asyncio.create_task(lane.call(stuck))
+        await asyncio.sleep(0.01)  # the lane thread is on `stuck` now
+        t0 = time.monotonic()
+        name = await lane.call(quick)
+        waited = time.monotonic() - t0
+        release.set()
+        assert await slow == "stuck"
+        return name, waited
+
+    try:
+        name, waited = asyncio.run(scenario())
+    finally:
+        release.set()
+        lane.close()
+    assert name.startswith("regent-core-overflow")
+    assert waited < 1.0  # not held until the stuck call ended (5 s)
+    assert lane.spilled == 1
+
+
+def test_a_call_cancelled_before_it_starts_never_runs() -> None:
+    lane = Lane(threads=1, stuck_after=10.0)
+    release, ran = threading.Event(), threading.Event()
+
+    async def scenario() -> None:
+        blocker = asyncio.create_task(lane.call(release.wait, 5))
+        await asyncio.sleep(0.01)
+        queued = asyncio.create_task(lane.call(ran.set))
+        await asyncio.sleep(0.01)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        release.set()
+        await blocker
+        await lane.call(lambda: None)  # everything queued after it has run
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        lane.close()
+    assert not ran.is_set()
+
+
+def test_errors_reach_the_caller() -> None:
+    lane = Lane(threads=2)
+
+    def boom() -> None:
+        raise KeyError("nope")
+
+    async def scenario() -> None:
+        with pytest.raises(KeyError):
+            await lane.call(boom)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        lane.close()
+
+
+def test_configure_replaces_the_lane_and_refuses_zero() -> None:
+    before = threads.lane()
+    try:
+        threads.configure(3)
+        assert threads.lane().threads == 3
+        assert asyncio.run(threads.call(lambda: 42)) == 42
+        with pytest.raises(ValueError):
+            threads.configure(0)
+    finally:
+        threads.configure(before.threads)
