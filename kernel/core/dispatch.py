@@ -152,9 +152,8 @@ def require_live_lease(tx: Tx, execution_id: str, dispatch_id: str, attempt: int
         raise LeaseSuperseded()
 
 
-def check_attempt(tx: Tx, execution_id: str, dispatch_id: str, attempt: int) -> None:
+def check_attempt(d: Dispatch | None, execution_id: str, attempt: int) -> None:
     """Recording a step outcome checks the attempt only (its status does not matter)."""
-    d = tx.get_dispatch(dispatch_id)
     if d is None or d.execution_id != execution_id or d.attempt != attempt:
         raise LeaseSuperseded()
 

@@ -67,7 +67,11 @@ def get_execution(k: Kernel, execution_id: str, agent_id: str | None = None) -> 
 
 def load_owned(tx: Tx, execution_id: str, agent_id: str | None) -> Execution:
     """The execution, checked to belong to the calling agent (None = a client principal)."""
-    e = tx.get_execution(execution_id)
+    return owned(tx.get_execution(execution_id), agent_id)
+
+
+def owned(e: Execution | None, agent_id: str | None) -> Execution:
+    """`e` if it exists and belongs to the calling agent (None = a client principal)."""
     if e is None:
         raise NotFound("execution not found")
     if agent_id is not None and e.agent_id != agent_id:

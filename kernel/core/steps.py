@@ -10,7 +10,7 @@ from typing import Any
 from kernel.clock import rfc3339
 from kernel.core import events as ev
 from kernel.core.dispatch import check_attempt, park_until
-from kernel.core.executions import load_owned
+from kernel.core.executions import load_owned, owned
 from kernel.core.kernel import Kernel
 from kernel.core.usage import parse_usage
 from kernel.domain import (
@@ -89,13 +89,12 @@ def submit_step(
 ) -> StepAnswer:
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
-        e = load_owned(tx, execution_id, agent_id)
+        e0, d, occurrence = tx.submit_context(execution_id, dispatch_id, req.kind, req.target, req.args_hash)
+        e = owned(e0, agent_id)
         if e.status.is_terminal:
             return StepAnswer("execution_terminal")
-        d = tx.get_dispatch(dispatch_id)
         if d is None or d.execution_id != execution_id or d.attempt != attempt or d.status != DispatchStatus.IN_FLIGHT:
             raise LeaseSuperseded()
-        occurrence = tx.get_counter(dispatch_id, req.kind, req.target, req.args_hash)
         sid = compute_step_id(execution_id, req.kind, req.target, req.args_hash, occurrence)
         existing = tx.get_step(sid)
         if existing is not None:
@@ -286,8 +285,8 @@ def record_outcome(
     """Complete or fail a step; a terminal outcome is never overwritten (replay answers it)."""
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
-        e = load_owned(tx, execution_id, agent_id)
-        s = tx.get_step(step_id)
+        e0, s, d = tx.outcome_context(execution_id, step_id, dispatch_id)
+        e = owned(e0, agent_id)
         if s is None or s.execution_id != execution_id:
             raise NotFound("step not found")
         if e.status.is_terminal:
@@ -298,7 +297,7 @@ def record_outcome(
             return StepAnswer("replay", result=s.result)
         if s.status != StepStatus.EXECUTING:
             raise Conflict(f"conflict: cannot record outcome for step in status {s.status.value}")
-        check_attempt(tx, execution_id, dispatch_id, attempt)
+        check_attempt(d, execution_id, attempt)
         if failed:
             tx.update_step(step_id, status=StepStatus.FAILED, error=error, completed_at=now)
             tx.append(execution_id, now, [ev.step(EventType.STEP_FAILED, step_id, s.kind, s.target, error=error)])

@@ -30,15 +30,19 @@ _Proc = Callable[[Any], Any] | None
 
 
 class _Plan:
-    __slots__ = ("binds", "defaults", "has_results", "names", "positional", "results", "row", "sql")
+    __slots__ = ("has_results", "names", "plan", "positional", "results", "row", "sql")
 
     def __init__(self, stmt: ClauseElement, dialect: Dialect):
         compiled: Any = stmt.compile(dialect=dialect)  # a SQLCompiler (positiontup, binds, processors)
         self.sql: str = compiled.string
         self.positional: bool = bool(compiled.positional)
         self.names: tuple[str, ...] = tuple(compiled.positiontup or ()) if self.positional else tuple(compiled.binds)
-        self.defaults: dict[str, Any] = {k: v for k, v in compiled.params.items() if v is not None}
-        self.binds: dict[str, Callable[[Any], Any]] = dict(compiled._bind_processors)
+        defaults: dict[str, Any] = {k: v for k, v in compiled.params.items() if v is not None}
+        binds: dict[str, Callable[[Any], Any]] = dict(compiled._bind_processors)
+        # Per parameter, in order: (name, its bind processor or None, its default).
+        self.plan: tuple[tuple[str, _Proc, Any], ...] = tuple(
+            (n, binds.get(n), defaults.get(n)) for n in self.names
+        )
         columns: Sequence[Any] = ()
         if getattr(stmt, "_returning", ()):
             columns = stmt._returning  # type: ignore[attr-defined]
@@ -53,14 +57,10 @@ class _Plan:
         )
 
     def params(self, values: dict[str, Any]) -> Any:
-        if self.defaults:
-            values = {**self.defaults, **values}
-        binds = self.binds
+        get = values.get
         if self.positional:
-            return tuple(
-                binds[n](values.get(n)) if n in binds else values.get(n) for n in self.names
-            )
-        return {n: (binds[n](values.get(n)) if n in binds else values.get(n)) for n in self.names}
+            return [get(n, d) if p is None else p(get(n, d)) for n, p, d in self.plan]
+        return {n: (get(n, d) if p is None else p(get(n, d))) for n, p, d in self.plan}
 
     def rows(self, raw: list[Any]) -> list[Any]:
         make = self.row

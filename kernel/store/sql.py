@@ -7,6 +7,7 @@ dispatch claim.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -58,6 +59,41 @@ _GET_COUNTER = Prepared(
         t.dispatch_step_counters.c.target == _p("target"),
         t.dispatch_step_counters.c.args_hash == _p("args_hash"),
     )
+)
+# The round trip's entry reads, one statement each (rebuno-v0 §2.1, §2.2): the execution, the
+# dispatch the request names (LEFT JOIN on the given id, so a missing one reads as NULLs) and, for a
+# submit, the occurrence counter; for an outcome, the step.
+_E_COLS = tuple(t.executions.c)
+_D_COLS = tuple(t.dispatches.c)
+_S_COLS = tuple(t.steps.c)
+_ERow = namedtuple("_ERow", [c.key for c in _E_COLS])  # type: ignore[misc]
+_DRow = namedtuple("_DRow", [c.key for c in _D_COLS])  # type: ignore[misc]
+_SRow = namedtuple("_SRow", [c.key for c in _S_COLS])  # type: ignore[misc]
+_SUBMIT_CONTEXT = Prepared(
+    select(
+        *_E_COLS,
+        *_D_COLS,
+        select(t.dispatch_step_counters.c.consumed)
+        .where(
+            t.dispatch_step_counters.c.dispatch_id == _p("dispatch_id"),
+            t.dispatch_step_counters.c.kind == _p("kind"),
+            t.dispatch_step_counters.c.target == _p("target"),
+            t.dispatch_step_counters.c.args_hash == _p("args_hash"),
+        )
+        .scalar_subquery()
+        .label("consumed"),
+    )
+    .select_from(t.executions.outerjoin(t.dispatches, t.dispatches.c.id == _p("dispatch_id")))
+    .where(t.executions.c.id == _p("execution_id"))
+)
+_OUTCOME_CONTEXT = Prepared(
+    select(*_E_COLS, *_D_COLS, *_S_COLS)
+    .select_from(
+        t.executions.outerjoin(t.dispatches, t.dispatches.c.id == _p("dispatch_id")).outerjoin(
+            t.steps, t.steps.c.step_id == _p("step_id")
+        )
+    )
+    .where(t.executions.c.id == _p("execution_id"))
 )
 _TOKEN_USAGE = Prepared(
     select(t.executions.c.usage_input, t.executions.c.usage_output).where(t.executions.c.id == _p("id"))
@@ -253,6 +289,42 @@ class Tx:
     def get_execution(self, execution_id: str) -> Execution | None:
         r = _GET_EXECUTION.first(self.conn, {"id": execution_id})
         return codec.to_execution(r) if r else None
+
+    def submit_context(
+        self, execution_id: str, dispatch_id: str, kind: str, target: str, args_hash: str
+    ) -> tuple[Execution | None, Dispatch | None, int]:
+        """One read for a submit: the execution, the named dispatch and the occurrence counter."""
+        r = _SUBMIT_CONTEXT.first(
+            self.conn,
+            {"execution_id": execution_id, "dispatch_id": dispatch_id, "kind": kind, "target": target,
+             "args_hash": args_hash},
+        )
+        if r is None:
+            return None, None, 0
+        ne, nd = len(_E_COLS), len(_D_COLS)
+        d = r[ne:ne + nd]
+        return (
+            codec.to_execution(_ERow._make(r[:ne])),
+            codec.to_dispatch(_DRow._make(d)) if d[0] is not None else None,
+            int(r[ne + nd] or 0),
+        )
+
+    def outcome_context(
+        self, execution_id: str, step_id: str, dispatch_id: str
+    ) -> tuple[Execution | None, Step | None, Dispatch | None]:
+        """One read for a step outcome: the execution, the step and the named dispatch."""
+        r = _OUTCOME_CONTEXT.first(
+            self.conn, {"execution_id": execution_id, "dispatch_id": dispatch_id, "step_id": step_id}
+        )
+        if r is None:
+            return None, None, None
+        ne, nd = len(_E_COLS), len(_D_COLS)
+        d, st = r[ne:ne + nd], r[ne + nd:]
+        return (
+            codec.to_execution(_ERow._make(r[:ne])),
+            codec.to_step(_SRow._make(st)) if st[0] is not None else None,
+            codec.to_dispatch(_DRow._make(d)) if d[0] is not None else None,
+        )
 
     def find_execution_by_key(self, agent_id: str, key: str) -> Execution | None:
         r = self.conn.execute(

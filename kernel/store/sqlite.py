@@ -53,6 +53,7 @@ def _upsert_max_stmt(spec: tuple[str, tuple[str, ...], tuple[str, ...], str]) ->
 
 
 _UPSERT_MAX = PreparedCache(_upsert_max_stmt)
+_IDLE_MAX = 8
 
 class SqliteStore(SqlStore):
     dialect = "sqlite"
@@ -104,6 +105,9 @@ class SqliteStore(SqlStore):
         # One writer at a time inside the process: SQLite serialises writers anyway, and a Python
         # lock queues them fairly instead of spinning in the busy handler.
         self._write_lock = threading.Lock()
+        # Connections kept open between transactions (LIFO, at most _IDLE_MAX): checking a
+        # Connection out of the pool and back cost more than a step's reads (see `_connection`).
+        self._idle: list[Connection] = []
         self._locks: dict[str, list[Any]] = {}
         self._locks_guard = threading.Lock()
         super().__init__(engine, url)
@@ -122,8 +126,26 @@ class SqliteStore(SqlStore):
         return fd
 
     @contextmanager
+    def _connection(self) -> Iterator[Connection]:
+        """A SQLAlchemy Connection for one transaction, reused from the idle stack when there is
+        one. A Connection that was invalidated (its driver connection lost) or closed is not kept;
+        every transaction ends its own driver transaction before giving the Connection back."""
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            conn = self.engine.connect()
+        try:
+            yield conn
+        finally:
+            if (conn.invalidated or conn.closed or conn.in_transaction() or len(self._idle) >= _IDLE_MAX
+                    or conn.connection.driver_connection.in_transaction):  # type: ignore[union-attr]
+                conn.close()
+            else:
+                self._idle.append(conn)
+
+    @contextmanager
     def _begin(self, write: bool) -> Iterator[Connection]:
-        with self.engine.connect() as conn, conn.begin():
+        with self._connection() as conn, conn.begin():
             yield conn
 
     @contextmanager
@@ -142,7 +164,7 @@ class SqliteStore(SqlStore):
         with ExitStack() as stack:
             if lock is not None:
                 stack.enter_context(self._keyed_lock(lock))
-            conn = stack.enter_context(self.engine.connect())
+            conn = stack.enter_context(self._connection())
             raw = conn.connection.driver_connection
             raw.execute("BEGIN")  # type: ignore[union-attr]
 
@@ -192,6 +214,8 @@ class SqliteStore(SqlStore):
         _UPSERT_MAX.get((table.name, tuple(values), tuple(key), column)).run(conn, values)
 
     def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
         super().close()
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
