@@ -32,6 +32,16 @@ ALL_SCOPES = frozenset(
 )
 
 
+# The signed request's headers, by their index in `Authenticator.agent`.
+_AGENT_HEADERS = {
+    b"rebuno-agent-id": 0,
+    b"rebuno-signature": 1,
+    b"rebuno-timestamp": 2,
+    b"rebuno-dispatch-id": 3,
+    b"rebuno-dispatch-attempt": 4,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class AgentCall:
     """An authenticated agent request: who, the raw body, and the dispatch lease headers."""
@@ -85,19 +95,25 @@ class Authenticator:
 
     # -- agent signature ------------------------------------------------------------------
     async def agent(self, request: Request) -> AgentCall:
-        h = request.headers
-        agent_id = h.get("rebuno-agent-id")
-        sigs = h.getlist("rebuno-signature")
-        if not agent_id or len(sigs) != 1:
+        # One pass over the raw headers (ASGI names are lower-case bytes), as Starlette decodes them.
+        found: list[str | None] = [None] * len(_AGENT_HEADERS)
+        repeated = False
+        for name, value in request.scope["headers"]:
+            i = _AGENT_HEADERS.get(name)
+            if i is not None:
+                if found[i] is None:
+                    found[i] = value.decode("latin-1")
+                elif i:  # a second agent id is ignored, as before; any other header twice is refused
+                    repeated = True
+        agent_id, signature, timestamp, dispatch_id, dispatch_attempt = found
+        if not agent_id or signature is None or repeated:
             raise Unauthorized()
-        for name in ("rebuno-timestamp", "rebuno-dispatch-id", "rebuno-dispatch-attempt"):
-            if len(h.getlist(name)) > 1:
-                raise Unauthorized()
         try:
             body = await read_body(request, self.max_body_bytes)
         except BodyTooLarge:
             raise Unauthorized() from None  # the signature covers the whole body (rebuno-v0 §8.3)
-        target = request.scope.get("raw_path", request.url.path.encode()).decode("latin-1")
+        raw_path = request.scope.get("raw_path")
+        target = (raw_path.decode("latin-1") if raw_path is not None else request.url.path)
         qs = request.scope.get("query_string", b"")
         if qs:
             target += "?" + qs.decode("latin-1")
@@ -105,12 +121,12 @@ class Authenticator:
         def verify(secret: str) -> bool:
             return verify_request(
                 secret,
-                sigs[0],
+                signature,
                 method=request.method,
                 target=target,
-                timestamp=h.get("rebuno-timestamp", ""),
-                dispatch_id=h.get("rebuno-dispatch-id", ""),
-                dispatch_attempt=h.get("rebuno-dispatch-attempt", ""),
+                timestamp=timestamp or "",
+                dispatch_id=dispatch_id or "",
+                dispatch_attempt=dispatch_attempt or "",
                 body=body,
                 now_unix=int(time.time()),
                 window_seconds=self.window,
@@ -124,7 +140,7 @@ class Authenticator:
             ok = secret is not None and verify(secret)
         if not ok:
             raise Unauthorized()
-        return AgentCall(agent_id, body, h.get("rebuno-dispatch-id"), h.get("rebuno-dispatch-attempt"))
+        return AgentCall(agent_id, body, dispatch_id, dispatch_attempt)
 
 
 def is_agent_request(request: Request) -> bool:
