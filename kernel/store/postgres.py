@@ -11,10 +11,10 @@ from sqlalchemy import create_engine, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from kernel.store.prepared import PreparedCache
+from kernel.store.prepared import Prepared, PreparedCache
 from kernel.store.sql import SqlStore
 
-_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))")
+_LOCK = Prepared(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"))
 _TRY_LOCK = text("SELECT pg_try_advisory_lock(hashtextextended(:k, 0))")
 _UNLOCK = text("SELECT pg_advisory_unlock(hashtextextended(:k, 0))")
 
@@ -46,6 +46,9 @@ _UPSERT_MAX = PreparedCache(_upsert_max_stmt)
 
 class PostgresStore(SqlStore):
     dialect = "postgresql"
+    # A Connection idle for longer goes back through the pool, whose pre-ping replaces one the
+    # server dropped; one used within the last second is handed out again as it is.
+    idle_fresh_seconds = 1.0
 
     def __init__(self, url: str, *, pool_size: int = 10, max_overflow: int = 20):
         engine = create_engine(
@@ -60,7 +63,7 @@ class PostgresStore(SqlStore):
 
     def _lock_execution(self, conn: Connection, execution_id: str) -> None:
         # Transaction-scoped: released by COMMIT/ROLLBACK, so no code path can leak it.
-        conn.execute(_LOCK, {"k": f"execution:{execution_id}"})
+        _LOCK.run(conn, {"k": f"execution:{execution_id}"})
 
     def upsert(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> None:
         stmt = pg_insert(table).values(**values)

@@ -16,26 +16,7 @@ from sqlalchemy.engine.url import make_url
 
 from kernel.errors import ConfigError
 from kernel.store.prepared import PreparedCache
-from kernel.store.sql import SqlStore, Tx
-
-
-def _end(conn: Connection, *, commit: bool) -> None:
-    """Finish the driver-level transaction (through SQLAlchemy if a Core statement joined it)."""
-    if conn.in_transaction():
-        if commit:
-            conn.commit()
-        else:
-            conn.rollback()
-        return
-    raw = conn.connection.driver_connection
-    if raw.in_transaction:  # type: ignore[union-attr]
-        try:
-            if commit:
-                raw.commit()  # type: ignore[union-attr]
-            else:
-                raw.rollback()  # type: ignore[union-attr]
-        except conn.dialect.loaded_dbapi.Error as exc:
-            conn._handle_dbapi_exception(exc, "COMMIT" if commit else "ROLLBACK", None, None, None)
+from kernel.store.sql import SqlStore, Tx, end_transaction
 
 
 def _upsert_max_stmt(spec: tuple[str, tuple[str, ...], tuple[str, ...], str]) -> Any:
@@ -53,7 +34,6 @@ def _upsert_max_stmt(spec: tuple[str, tuple[str, ...], tuple[str, ...], str]) ->
 
 
 _UPSERT_MAX = PreparedCache(_upsert_max_stmt)
-_IDLE_MAX = 8
 
 class SqliteStore(SqlStore):
     dialect = "sqlite"
@@ -105,9 +85,6 @@ class SqliteStore(SqlStore):
         # One writer at a time inside the process: SQLite serialises writers anyway, and a Python
         # lock queues them fairly instead of spinning in the busy handler.
         self._write_lock = threading.Lock()
-        # Connections kept open between transactions (LIFO, at most _IDLE_MAX): checking a
-        # Connection out of the pool and back cost more than a step's reads (see `_connection`).
-        self._idle: list[Connection] = []
         self._locks: dict[str, list[Any]] = {}
         self._locks_guard = threading.Lock()
         super().__init__(engine, url)
@@ -124,24 +101,6 @@ class SqliteStore(SqlStore):
                 "file (use PostgreSQL for several replicas)"
             ) from None
         return fd
-
-    @contextmanager
-    def _connection(self) -> Iterator[Connection]:
-        """A SQLAlchemy Connection for one transaction, reused from the idle stack when there is
-        one. A Connection that was invalidated (its driver connection lost) or closed is not kept;
-        every transaction ends its own driver transaction before giving the Connection back."""
-        try:
-            conn = self._idle.pop()
-        except IndexError:
-            conn = self.engine.connect()
-        try:
-            yield conn
-        finally:
-            if (conn.invalidated or conn.closed or conn.in_transaction() or len(self._idle) >= _IDLE_MAX
-                    or conn.connection.driver_connection.in_transaction):  # type: ignore[union-attr]
-                conn.close()
-            else:
-                self._idle.append(conn)
 
     @contextmanager
     def _begin(self, write: bool) -> Iterator[Connection]:
@@ -171,7 +130,7 @@ class SqliteStore(SqlStore):
             def escalate() -> Connection:
                 # The same connection switches to a write transaction: a transaction never holds
                 # two pooled connections, so a full pool cannot deadlock against the write lock.
-                _end(conn, commit=True)
+                end_transaction(conn, commit=True)
                 stack.enter_context(self._write_lock)
                 raw.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
                 return conn
@@ -179,9 +138,9 @@ class SqliteStore(SqlStore):
             try:
                 yield Tx(self, conn, escalate)
             except BaseException:
-                _end(conn, commit=False)
+                end_transaction(conn, commit=False)
                 raise
-            _end(conn, commit=True)
+            end_transaction(conn, commit=True)
 
     @contextmanager
     def _keyed_lock(self, key: str) -> Iterator[None]:
@@ -214,8 +173,6 @@ class SqliteStore(SqlStore):
         _UPSERT_MAX.get((table.name, tuple(values), tuple(key), column)).run(conn, values)
 
     def close(self) -> None:
-        while self._idle:
-            self._idle.pop().close()
         super().close()
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
