@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kernel.errors import ConfigError
-from kernel.store.sql import SqlStore, Tx
+from kernel.store.base import SqlStore
+from kernel.store.sql import Tx
 
 
 def open_store(url: str, *, sqlite_synchronous: str = "full", pool_size: int = 10) -> SqlStore:

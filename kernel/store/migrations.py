@@ -10,7 +10,7 @@ from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection
 
 from kernel.store import tables as t
-from kernel.store.sql import SqlStore
+from kernel.store.base import SqlStore
 
 
 @dataclass(frozen=True)

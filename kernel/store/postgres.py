@@ -11,8 +11,8 @@ from sqlalchemy import create_engine, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
+from kernel.store.base import SqlStore
 from kernel.store.prepared import Prepared, PreparedCache
-from kernel.store.sql import SqlStore
 
 _LOCK = Prepared(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"))
 _TRY_LOCK = text("SELECT pg_try_advisory_lock(hashtextextended(:k, 0))")

@@ -1,20 +1,17 @@
-"""The dialect-neutral store: one transaction per use case, Core statements on the SQLModel tables.
+"""The dialect-neutral queries: `Tx` holds every query a use case runs inside one transaction.
 
-`SqlStore` opens transactions; `Tx` holds every query a use case runs inside one. Dialect
-modules (`sqlite.py`, `postgres.py`) supply the engine, the per-execution lock, upserts and the
-dispatch claim.
+`SqlStore` (base.py) opens the transactions; the hot path's statements are prepared once in
+statements.py; dialect modules (`sqlite.py`, `postgres.py`) supply the engine, the per-execution
+lock, upserts and the dispatch claim.
 """
 
 from __future__ import annotations
 
-import time
-from collections import namedtuple
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, bindparam, delete, func, insert, literal_column, or_, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from kernel.domain import (
@@ -24,139 +21,42 @@ from kernel.domain import (
     DispatchStatus,
     Event,
     Execution,
-    ExecutionStatus,
     Step,
     StepStatus,
 )
-from kernel.domain.step import TERMINAL_STEP_STATUSES
 from kernel.store import codec
 from kernel.store import tables as t
-from kernel.store.prepared import Prepared, PreparedCache
-
-_TERMINAL_STEPS = tuple(s.value for s in TERMINAL_STEP_STATUSES)
-_TERMINAL_EXECUTIONS = tuple(
-    s.value for s in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
+from kernel.store.statements import (
+    ACTIVE_POLICY_REF,
+    ADD_USAGE,
+    APPEND,
+    COUNT_EVENTS,
+    D_COLS,
+    E_COLS,
+    GET_AGENT,
+    GET_COUNTER,
+    GET_DISPATCH,
+    GET_EXECUTION,
+    GET_STEP,
+    INDETERMINATE,
+    INSERT_EVENTS,
+    INSERT_STEP,
+    OUTCOME_CONTEXT,
+    PENDING_APPROVAL,
+    POLICY_CONTENT,
+    RENEW_LEASE,
+    SUBMIT_CONTEXT,
+    TERMINAL_EXECUTIONS,
+    TERMINAL_STEPS,
+    TOKEN_USAGE,
+    UPDATE_STEP,
+    DRow,
+    ERow,
+    SRow,
 )
 
-
-def _p(name: str) -> Any:
-    return bindparam(name)
-
-
-def _not_terminal_step() -> Any:
-    # Constant lists as literals: prepared statements take no expanding (IN-list) parameters.
-    return t.steps.c.status.not_in([literal_column(f"'{v}'") for v in _TERMINAL_STEPS])
-
-
-# The hot path's statements (rebuno-v0 §2.1, §2.2), built once; see kernel/store/prepared.py.
-_GET_AGENT = Prepared(select(t.agents).where(t.agents.c.id == _p("id")))
-_GET_EXECUTION = Prepared(select(t.executions).where(t.executions.c.id == _p("id")))
-_GET_DISPATCH = Prepared(select(t.dispatches).where(t.dispatches.c.id == _p("id")))
-_GET_STEP = Prepared(select(t.steps).where(t.steps.c.step_id == _p("id")))
-_GET_COUNTER = Prepared(
-    select(t.dispatch_step_counters.c.consumed).where(
-        t.dispatch_step_counters.c.dispatch_id == _p("dispatch_id"),
-        t.dispatch_step_counters.c.kind == _p("kind"),
-        t.dispatch_step_counters.c.target == _p("target"),
-        t.dispatch_step_counters.c.args_hash == _p("args_hash"),
-    )
-)
-# The round trip's entry reads, one statement each (rebuno-v0 §2.1, §2.2): the execution, the
-# dispatch the request names (LEFT JOIN on the given id, so a missing one reads as NULLs) and, for a
-# submit, the occurrence counter; for an outcome, the step.
-_E_COLS = tuple(t.executions.c)
-_D_COLS = tuple(t.dispatches.c)
-_S_COLS = tuple(t.steps.c)
-_ERow = namedtuple("_ERow", [c.key for c in _E_COLS])  # type: ignore[misc]
-_DRow = namedtuple("_DRow", [c.key for c in _D_COLS])  # type: ignore[misc]
-_SRow = namedtuple("_SRow", [c.key for c in _S_COLS])  # type: ignore[misc]
-_SUBMIT_CONTEXT = Prepared(
-    select(
-        *_E_COLS,
-        *_D_COLS,
-        select(t.dispatch_step_counters.c.consumed)
-        .where(
-            t.dispatch_step_counters.c.dispatch_id == _p("dispatch_id"),
-            t.dispatch_step_counters.c.kind == _p("kind"),
-            t.dispatch_step_counters.c.target == _p("target"),
-            t.dispatch_step_counters.c.args_hash == _p("args_hash"),
-        )
-        .scalar_subquery()
-        .label("consumed"),
-    )
-    .select_from(t.executions.outerjoin(t.dispatches, t.dispatches.c.id == _p("dispatch_id")))
-    .where(t.executions.c.id == _p("execution_id"))
-)
-_OUTCOME_CONTEXT = Prepared(
-    select(*_E_COLS, *_D_COLS, *_S_COLS)
-    .select_from(
-        t.executions.outerjoin(t.dispatches, t.dispatches.c.id == _p("dispatch_id")).outerjoin(
-            t.steps, t.steps.c.step_id == _p("step_id")
-        )
-    )
-    .where(t.executions.c.id == _p("execution_id"))
-)
-_TOKEN_USAGE = Prepared(
-    select(t.executions.c.usage_input, t.executions.c.usage_output).where(t.executions.c.id == _p("id"))
-)
-_ADD_USAGE = Prepared(
-    update(t.executions)
-    .where(t.executions.c.id == _p("id"))
-    .values(
-        usage_input=t.executions.c.usage_input + _p("input_tokens"),
-        usage_output=t.executions.c.usage_output + _p("output_tokens"),
-    )
-)
-_ACTIVE_POLICY_REF = Prepared(
-    select(
-        t.policy_revisions.c.id, t.policy_revisions.c.agent_id, t.policy_revisions.c.kind,
-        t.policy_revisions.c.revision,
-    ).where(t.policy_revisions.c.agent_id == _p("agent_id"), t.policy_revisions.c.active.is_(True))
-)
-_POLICY_CONTENT = Prepared(select(t.policy_revisions.c.content).where(t.policy_revisions.c.id == _p("id")))
-_INSERT_STEP = Prepared(insert(t.steps))
-_INSERT_EVENTS = Prepared(insert(t.events))
-_RENEW_LEASE = Prepared(
-    update(t.dispatches)
-    .where(
-        t.dispatches.c.id == _p("id"),
-        t.dispatches.c.execution_id == _p("execution_id"),
-        t.dispatches.c.attempt == _p("attempt"),
-        t.dispatches.c.status == literal_column(f"'{DispatchStatus.IN_FLIGHT.value}'"),
-    )
-    .values(locked_at=_p("now"))
-)
-_INDETERMINATE = Prepared(
-    select(t.steps.c.error).where(
-        t.steps.c.execution_id == _p("execution_id"),
-        t.steps.c.kind == _p("kind"),
-        t.steps.c.target == _p("target"),
-        t.steps.c.args_hash == _p("args_hash"),
-        t.steps.c.status == literal_column(f"'{StepStatus.FAILED.value}'"),
-    )
-)
-_PENDING_APPROVAL = Prepared(
-    select(t.approvals)
-    .where(t.approvals.c.step_id == _p("step_id"), t.approvals.c.status == literal_column("'pending'"))
-    .order_by(t.approvals.c.created_at)
-)
-_COUNT_EVENTS = Prepared(
-    select(func.count())
-    .select_from(t.events)
-    .where(t.events.c.execution_id == _p("execution_id"), t.events.c.type == _p("type"))
-)
-# Keyed by the columns set: the use cases set a handful of fixed combinations.
-_UPDATE_STEP = PreparedCache(
-    lambda keys: update(t.steps)
-    .where(t.steps.c.step_id == _p("_id"), _not_terminal_step())
-    .values({k: _p(k) for k in keys})
-)
-_APPEND = PreparedCache(
-    lambda keys: update(t.executions)
-    .where(t.executions.c.id == _p("_id"))
-    .values(last_event_seq=t.executions.c.last_event_seq + _p("_n"), **{k: _p(k) for k in keys})
-    .returning(t.executions.c.last_event_seq)
-)
+if TYPE_CHECKING:
+    from kernel.store.base import SqlStore
 
 
 class Tx:
@@ -182,7 +82,7 @@ class Tx:
 
     # -- agents ---------------------------------------------------------------------------
     def get_agent(self, agent_id: str) -> Agent | None:
-        r = _GET_AGENT.first(self.conn, {"id": agent_id})
+        r = GET_AGENT.first(self.conn, {"id": agent_id})
         return codec.to_agent(r) if r else None
 
     def list_agents(self) -> list[Agent]:
@@ -257,10 +157,10 @@ class Tx:
 
     def active_policy_ref(self, agent_id: str) -> Any:
         """(id, agent_id, kind, revision) of the agent's active revision, without its content."""
-        return _ACTIVE_POLICY_REF.first(self.conn, {"agent_id": agent_id})
+        return ACTIVE_POLICY_REF.first(self.conn, {"agent_id": agent_id})
 
     def policy_content(self, revision_id: int) -> str | None:
-        v = _POLICY_CONTENT.scalar(self.conn, {"id": revision_id})
+        v = POLICY_CONTENT.scalar(self.conn, {"id": revision_id})
         return None if v is None else str(v)
 
     def active_policy(self, agent_id: str) -> Any:
@@ -288,25 +188,25 @@ class Tx:
 
     # -- executions -----------------------------------------------------------------------
     def get_execution(self, execution_id: str) -> Execution | None:
-        r = _GET_EXECUTION.first(self.conn, {"id": execution_id})
+        r = GET_EXECUTION.first(self.conn, {"id": execution_id})
         return codec.to_execution(r) if r else None
 
     def submit_context(
         self, execution_id: str, dispatch_id: str, kind: str, target: str, args_hash: str
     ) -> tuple[Execution | None, Dispatch | None, int]:
         """One read for a submit: the execution, the named dispatch and the occurrence counter."""
-        r = _SUBMIT_CONTEXT.first(
+        r = SUBMIT_CONTEXT.first(
             self.conn,
             {"execution_id": execution_id, "dispatch_id": dispatch_id, "kind": kind, "target": target,
              "args_hash": args_hash},
         )
         if r is None:
             return None, None, 0
-        ne, nd = len(_E_COLS), len(_D_COLS)
+        ne, nd = len(E_COLS), len(D_COLS)
         d = r[ne:ne + nd]
         return (
-            codec.to_execution(_ERow._make(r[:ne])),
-            codec.to_dispatch(_DRow._make(d)) if d[0] is not None else None,
+            codec.to_execution(ERow._make(r[:ne])),
+            codec.to_dispatch(DRow._make(d)) if d[0] is not None else None,
             int(r[ne + nd] or 0),
         )
 
@@ -314,17 +214,17 @@ class Tx:
         self, execution_id: str, step_id: str, dispatch_id: str
     ) -> tuple[Execution | None, Step | None, Dispatch | None]:
         """One read for a step outcome: the execution, the step and the named dispatch."""
-        r = _OUTCOME_CONTEXT.first(
+        r = OUTCOME_CONTEXT.first(
             self.conn, {"execution_id": execution_id, "dispatch_id": dispatch_id, "step_id": step_id}
         )
         if r is None:
             return None, None, None
-        ne, nd = len(_E_COLS), len(_D_COLS)
+        ne, nd = len(E_COLS), len(D_COLS)
         d, st = r[ne:ne + nd], r[ne + nd:]
         return (
-            codec.to_execution(_ERow._make(r[:ne])),
-            codec.to_step(_SRow._make(st)) if st[0] is not None else None,
-            codec.to_dispatch(_DRow._make(d)) if d[0] is not None else None,
+            codec.to_execution(ERow._make(r[:ne])),
+            codec.to_step(SRow._make(st)) if st[0] is not None else None,
+            codec.to_dispatch(DRow._make(d)) if d[0] is not None else None,
         )
 
     def find_execution_by_key(self, agent_id: str, key: str) -> Execution | None:
@@ -379,7 +279,7 @@ class Tx:
     def execution_ids_past_deadline(self, now: datetime, limit: int) -> list[str]:
         q = (
             select(t.executions.c.id)
-            .where(t.executions.c.deadline_at <= now, t.executions.c.status.not_in(_TERMINAL_EXECUTIONS))
+            .where(t.executions.c.deadline_at <= now, t.executions.c.status.not_in(TERMINAL_EXECUTIONS))
             .limit(limit)
         )
         return [r[0] for r in self.conn.execute(q).all()]
@@ -389,7 +289,7 @@ class Tx:
             r[0]
             for r in self.conn.execute(
                 select(t.executions.c.id)
-                .where(t.executions.c.status.in_(_TERMINAL_EXECUTIONS), t.executions.c.updated_at < cutoff)
+                .where(t.executions.c.status.in_(TERMINAL_EXECUTIONS), t.executions.c.updated_at < cutoff)
                 .limit(limit)
             ).all()
         ]
@@ -421,13 +321,13 @@ class Tx:
         if "output" in execution_values:
             execution_values["output"] = codec.dumps_or_none(execution_values["output"])
         execution_values["updated_at"] = now
-        stmt = _APPEND.get(tuple(sorted(execution_values)))
+        stmt = APPEND.get(tuple(sorted(execution_values)))
         last = stmt.scalar(self.w, {"_id": execution_id, "_n": n, **execution_values})
         if last is None:
             raise LookupError(f"execution {execution_id} not found")
         if n:
             first = last - n + 1
-            _INSERT_EVENTS.many(
+            INSERT_EVENTS.many(
                 self.w,
                 [
                     {
@@ -452,22 +352,22 @@ class Tx:
         return [codec.to_event(r) for r in self.conn.execute(q).all()]
 
     def count_events(self, execution_id: str, type_: str) -> int:
-        return int(_COUNT_EVENTS.scalar(self.conn, {"execution_id": execution_id, "type": type_}) or 0)
+        return int(COUNT_EVENTS.scalar(self.conn, {"execution_id": execution_id, "type": type_}) or 0)
 
     # -- steps ----------------------------------------------------------------------------
     def get_step(self, step_id: str) -> Step | None:
-        r = _GET_STEP.first(self.conn, {"id": step_id})
+        r = GET_STEP.first(self.conn, {"id": step_id})
         return codec.to_step(r) if r else None
 
     def list_steps(self, execution_id: str, terminal_only: bool = False) -> list[Step]:
         q = select(t.steps).where(t.steps.c.execution_id == execution_id)
         if terminal_only:
-            q = q.where(t.steps.c.status.in_(_TERMINAL_STEPS))
+            q = q.where(t.steps.c.status.in_(TERMINAL_STEPS))
         q = q.order_by(t.steps.c.started_at, t.steps.c.step_id)
         return [codec.to_step(r) for r in self.conn.execute(q).all()]
 
     def insert_step(self, s: Step, args_text: str | None) -> None:
-        _INSERT_STEP.run(
+        INSERT_STEP.run(
             self.w,
             {
                 "step_id": s.step_id,
@@ -495,7 +395,7 @@ class Tx:
                 values[key] = codec.dumps_or_none(values[key])
         if "status" in values:
             values["status"] = str(values["status"])
-        stmt = _UPDATE_STEP.get(tuple(sorted(values)))
+        stmt = UPDATE_STEP.get(tuple(sorted(values)))
         return stmt.run(self.w, {"_id": step_id, **values}) > 0
 
     def steps_in_status(self, execution_id: str, status: StepStatus) -> list[Step]:
@@ -504,7 +404,7 @@ class Tx:
 
     def has_indeterminate_failure(self, execution_id: str, kind: str, target: str, args_hash: str) -> bool:
         params = {"execution_id": execution_id, "kind": kind, "target": target, "args_hash": args_hash}
-        for (err,) in _INDETERMINATE.all(self.conn, params):
+        for (err,) in INDETERMINATE.all(self.conn, params):
             value = codec.loads(err)
             if isinstance(value, dict) and value.get("reason") == "indeterminate":
                 return True
@@ -512,16 +412,16 @@ class Tx:
 
     def token_usage(self, execution_id: str) -> tuple[int, int]:
         """The execution's token meter: (input, output) summed over its recorded steps."""
-        r = _TOKEN_USAGE.first(self.conn, {"id": execution_id})
+        r = TOKEN_USAGE.first(self.conn, {"id": execution_id})
         return (int(r[0]), int(r[1])) if r else (0, 0)
 
     def add_usage(self, execution_id: str, input_tokens: int, output_tokens: int) -> None:
-        _ADD_USAGE.run(self.w, {"id": execution_id, "input_tokens": input_tokens, "output_tokens": output_tokens})
+        ADD_USAGE.run(self.w, {"id": execution_id, "input_tokens": input_tokens, "output_tokens": output_tokens})
 
     # -- occurrence counters --------------------------------------------------------------
     def get_counter(self, dispatch_id: str, kind: str, target: str, args_hash: str) -> int:
         params = {"dispatch_id": dispatch_id, "kind": kind, "target": target, "args_hash": args_hash}
-        return int(_GET_COUNTER.scalar(self.conn, params) or 0)
+        return int(GET_COUNTER.scalar(self.conn, params) or 0)
 
     def advance_counter(self, dispatch_id: str, kind: str, target: str, args_hash: str, to: int) -> None:
         """Move the counter to `to`, never backwards."""
@@ -551,13 +451,13 @@ class Tx:
         )
 
     def get_dispatch(self, dispatch_id: str) -> Dispatch | None:
-        r = _GET_DISPATCH.first(self.conn, {"id": dispatch_id})
+        r = GET_DISPATCH.first(self.conn, {"id": dispatch_id})
         return codec.to_dispatch(r) if r else None
 
     def renew_lease(self, dispatch_id: str, execution_id: str, attempt: int, now: datetime) -> bool:
         """Renew the lease of a live attempt (in_flight, same attempt). False when fenced."""
         params = {"id": dispatch_id, "execution_id": execution_id, "attempt": attempt, "now": now}
-        return _RENEW_LEASE.run(self.w, params) > 0
+        return RENEW_LEASE.run(self.w, params) > 0
 
     def retire_dispatches(self, execution_id: str, now: datetime) -> None:
         c = t.dispatches.c
@@ -635,7 +535,7 @@ class Tx:
         return codec.to_approval(r) if r else None
 
     def pending_approval_for_step(self, step_id: str) -> Approval | None:
-        r = _PENDING_APPROVAL.first(self.conn, {"step_id": step_id})
+        r = PENDING_APPROVAL.first(self.conn, {"step_id": step_id})
         return codec.to_approval(r) if r else None
 
     def list_approvals(self, status: str | None, execution_id: str | None = None) -> list[Approval]:
@@ -675,154 +575,4 @@ class Tx:
         self.w.execute(update(t.api_keys).where(t.api_keys.c.id == key_id).values(**values))
 
 
-class SqlStore:
-    """Base for the dialect stores. `transaction(lock=…)` is the one way to mutate."""
-
-    dialect = "sql"
-
-    # How long an idle Connection may sit in the cache and still be handed out without going back
-    # through the pool (whose pre-ping would notice a server restart); None: no limit.
-    idle_fresh_seconds: float | None = None
-
-    def __init__(self, engine: Engine, url: str):
-        self.engine = engine
-        self.url = url
-        # Connections kept open between transactions (LIFO, at most _IDLE_MAX): checking a
-        # Connection out of the pool and back cost more than a step's reads.
-        self._idle: list[tuple[Connection, float]] = []
-
-    @contextmanager
-    def _connection(self) -> Iterator[Connection]:
-        """A SQLAlchemy Connection for one transaction, reused from the idle cache when there is
-        a fresh one. A Connection that was invalidated (its driver connection lost), closed, or
-        left inside a transaction is not kept."""
-        conn = None
-        while self._idle:
-            try:
-                cached, since = self._idle.pop()
-            except IndexError:  # another thread took the last one
-                break
-            fresh = self.idle_fresh_seconds
-            if fresh is None or time.monotonic() - since <= fresh:
-                conn = cached
-                break
-            cached.close()  # stale: back to the pool, whose checkout pre-pings
-        if conn is None:
-            conn = self.engine.connect()
-        try:
-            yield conn
-        finally:
-            if (conn.invalidated or conn.closed or conn.in_transaction() or len(self._idle) >= _IDLE_MAX
-                    or _driver_in_transaction(conn)):
-                conn.close()
-            else:
-                self._idle.append((conn, time.monotonic()))
-
-    # Dialect hooks -----------------------------------------------------------------------
-    def _lock_execution(self, conn: Connection, execution_id: str) -> None:
-        raise NotImplementedError
-
-    @contextmanager
-    def _begin(self, write: bool) -> Iterator[Connection]:
-        """A transaction on a cached Connection, ended at the driver (see `end_transaction`)."""
-        with self._connection() as conn:
-            try:
-                yield conn
-            except BaseException:
-                end_transaction(conn, commit=False)
-                raise
-            end_transaction(conn, commit=True)
-
-    def upsert(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> None:
-        raise NotImplementedError
-
-    def upsert_max(
-        self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
-    ) -> None:
-        raise NotImplementedError
-
-    @staticmethod
-    def due_dispatch_query(now: datetime, limit: int) -> Any:
-        """Pending or failed rows whose next attempt is due, oldest due first."""
-        c = t.dispatches.c
-        return (
-            select(c.id)
-            .where(
-                or_(c.status == DispatchStatus.PENDING.value, c.status == DispatchStatus.FAILED.value),
-                c.next_attempt_at <= now,
-            )
-            .order_by(c.next_attempt_at, c.id)
-            .limit(limit)
-        )
-
-    def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]:
-        return [r[0] for r in conn.execute(self.due_dispatch_query(now, limit)).all()]
-
-    @contextmanager
-    def leader(self, name: str) -> Iterator[bool]:
-        """Singleton work: yields True on the replica that holds the leader lock this tick."""
-        yield True
-
-    # Public ------------------------------------------------------------------------------
-    @contextmanager
-    def transaction(self, lock: str | None = None) -> Iterator[Tx]:
-        """A write transaction; `lock` names an execution whose mutations it serialises."""
-        with self._begin(write=True) as conn:
-            if lock is not None:
-                self._lock_execution(conn, lock)
-            yield Tx(self, conn)
-
-    @contextmanager
-    def read(self) -> Iterator[Tx]:
-        """A read-only transaction (a consistent snapshot)."""
-        with self._begin(write=False) as conn:
-            yield Tx(self, conn)
-
-    def ping(self) -> None:
-        with self.engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
-
-    def close(self) -> None:
-        while self._idle:
-            self._idle.pop()[0].close()
-        self.engine.dispose()
-
-
-_IDLE_MAX = 8
-
-
-def _driver_in_transaction(conn: Connection) -> bool:
-    raw: Any = conn.connection.driver_connection
-    status = getattr(raw, "in_transaction", None)  # sqlite3
-    if status is None:  # psycopg: transaction_status is IDLE (0) outside a transaction
-        return int(raw.info.transaction_status) != 0
-    return bool(status)
-
-
-def end_transaction(conn: Connection, *, commit: bool) -> None:
-    """Commit or roll back the transaction open on `conn`.
-
-    Prepared statements run on the driver cursor, which joins (or, on psycopg, implicitly opens)
-    the driver's transaction without SQLAlchemy knowing; a Core statement run through the
-    Connection makes SQLAlchemy's transaction the one to end. Either way the driver's
-    transaction ends here, and driver errors come back as `sqlalchemy.exc.*`.
-    """
-    if conn.in_transaction():
-        if commit:
-            conn.commit()
-        else:
-            conn.rollback()
-        return
-    if not _driver_in_transaction(conn):
-        return
-    raw: Any = conn.connection.driver_connection
-    try:
-        if commit:
-            raw.commit()
-        else:
-            raw.rollback()
-    except conn.dialect.loaded_dbapi.Error as exc:
-        conn._handle_dbapi_exception(exc, "COMMIT" if commit else "ROLLBACK", None, None, None)
-
-
-__all__ = ["SqlStore", "Tx"]
+__all__ = ["Tx"]

@@ -15,8 +15,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine.url import make_url
 
 from kernel.errors import ConfigError
+from kernel.store.base import SqlStore, end_transaction
 from kernel.store.prepared import PreparedCache
-from kernel.store.sql import SqlStore, Tx, end_transaction
+from kernel.store.sql import Tx
 
 
 def _upsert_max_stmt(spec: tuple[str, tuple[str, ...], tuple[str, ...], str]) -> Any:

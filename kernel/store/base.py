@@ -1,0 +1,175 @@
+"""`SqlStore`: opens the transactions every use case runs in, on a cache of open Connections.
+
+Dialect modules subclass it with the engine, the per-execution lock, upserts and the dispatch
+claim; `Tx` (sql.py) holds the queries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, or_, select
+from sqlalchemy.engine import Connection
+
+from kernel.domain import (
+    DispatchStatus,
+)
+from kernel.store import tables as t
+from kernel.store.sql import Tx
+
+
+class SqlStore:
+    """Base for the dialect stores. `transaction(lock=…)` is the one way to mutate."""
+
+    dialect = "sql"
+
+    # How long an idle Connection may sit in the cache and still be handed out without going back
+    # through the pool (whose pre-ping would notice a server restart); None: no limit.
+    idle_fresh_seconds: float | None = None
+
+    def __init__(self, engine: Engine, url: str):
+        self.engine = engine
+        self.url = url
+        # Connections kept open between transactions (LIFO, at most _IDLE_MAX): checking a
+        # Connection out of the pool and back cost more than a step's reads.
+        self._idle: list[tuple[Connection, float]] = []
+
+    @contextmanager
+    def _connection(self) -> Iterator[Connection]:
+        """A SQLAlchemy Connection for one transaction, reused from the idle cache when there is
+        a fresh one. A Connection that was invalidated (its driver connection lost), closed, or
+        left inside a transaction is not kept."""
+        conn = None
+        while self._idle:
+            try:
+                cached, since = self._idle.pop()
+            except IndexError:  # another thread took the last one
+                break
+            fresh = self.idle_fresh_seconds
+            if fresh is None or time.monotonic() - since <= fresh:
+                conn = cached
+                break
+            cached.close()  # stale: back to the pool, whose checkout pre-pings
+        if conn is None:
+            conn = self.engine.connect()
+        try:
+            yield conn
+        finally:
+            if (conn.invalidated or conn.closed or conn.in_transaction() or len(self._idle) >= _IDLE_MAX
+                    or _driver_in_transaction(conn)):
+                conn.close()
+            else:
+                self._idle.append((conn, time.monotonic()))
+
+    # Dialect hooks -----------------------------------------------------------------------
+    def _lock_execution(self, conn: Connection, execution_id: str) -> None:
+        raise NotImplementedError
+
+    @contextmanager
+    def _begin(self, write: bool) -> Iterator[Connection]:
+        """A transaction on a cached Connection, ended at the driver (see `end_transaction`)."""
+        with self._connection() as conn:
+            try:
+                yield conn
+            except BaseException:
+                end_transaction(conn, commit=False)
+                raise
+            end_transaction(conn, commit=True)
+
+    def upsert(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> None:
+        raise NotImplementedError
+
+    def upsert_max(
+        self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
+    ) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def due_dispatch_query(now: datetime, limit: int) -> Any:
+        """Pending or failed rows whose next attempt is due, oldest due first."""
+        c = t.dispatches.c
+        return (
+            select(c.id)
+            .where(
+                or_(c.status == DispatchStatus.PENDING.value, c.status == DispatchStatus.FAILED.value),
+                c.next_attempt_at <= now,
+            )
+            .order_by(c.next_attempt_at, c.id)
+            .limit(limit)
+        )
+
+    def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]:
+        return [r[0] for r in conn.execute(self.due_dispatch_query(now, limit)).all()]
+
+    @contextmanager
+    def leader(self, name: str) -> Iterator[bool]:
+        """Singleton work: yields True on the replica that holds the leader lock this tick."""
+        yield True
+
+    # Public ------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self, lock: str | None = None) -> Iterator[Tx]:
+        """A write transaction; `lock` names an execution whose mutations it serialises."""
+        with self._begin(write=True) as conn:
+            if lock is not None:
+                self._lock_execution(conn, lock)
+            yield Tx(self, conn)
+
+    @contextmanager
+    def read(self) -> Iterator[Tx]:
+        """A read-only transaction (a consistent snapshot)."""
+        with self._begin(write=False) as conn:
+            yield Tx(self, conn)
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop()[0].close()
+        self.engine.dispose()
+
+
+_IDLE_MAX = 8
+
+
+def _driver_in_transaction(conn: Connection) -> bool:
+    raw: Any = conn.connection.driver_connection
+    status = getattr(raw, "in_transaction", None)  # sqlite3
+    if status is None:  # psycopg: transaction_status is IDLE (0) outside a transaction
+        return int(raw.info.transaction_status) != 0
+    return bool(status)
+
+
+def end_transaction(conn: Connection, *, commit: bool) -> None:
+    """Commit or roll back the transaction open on `conn`.
+
+    Prepared statements run on the driver cursor, which joins (or, on psycopg, implicitly opens)
+    the driver's transaction without SQLAlchemy knowing; a Core statement run through the
+    Connection makes SQLAlchemy's transaction the one to end. Either way the driver's
+    transaction ends here, and driver errors come back as `sqlalchemy.exc.*`.
+    """
+    if conn.in_transaction():
+        if commit:
+            conn.commit()
+        else:
+            conn.rollback()
+        return
+    if not _driver_in_transaction(conn):
+        return
+    raw: Any = conn.connection.driver_connection
+    try:
+        if commit:
+            raw.commit()
+        else:
+            raw.rollback()
+    except conn.dialect.loaded_dbapi.Error as exc:
+        conn._handle_dbapi_exception(exc, "COMMIT" if commit else "ROLLBACK", None, None, None)
+
+
+__all__ = ["SqlStore", "Tx"]

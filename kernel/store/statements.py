@@ -1,0 +1,146 @@
+"""The hot path's statements (rebuno-v0 §2.1, §2.2), built once as Core and run prepared.
+
+Each is a `Prepared` (kernel/store/prepared.py): compiled once per dialect, executed on the driver
+cursor inside the transaction `Tx` has open. `Tx` (sql.py) is the only user.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import Any
+
+from sqlalchemy import bindparam, func, insert, literal_column, select, update
+
+from kernel.domain import (
+    DispatchStatus,
+    ExecutionStatus,
+    StepStatus,
+)
+from kernel.domain.step import TERMINAL_STEP_STATUSES
+from kernel.store import tables as t
+from kernel.store.prepared import Prepared, PreparedCache
+
+TERMINAL_STEPS = tuple(s.value for s in TERMINAL_STEP_STATUSES)
+TERMINAL_EXECUTIONS = tuple(
+    s.value for s in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
+)
+
+
+def param(name: str) -> Any:
+    return bindparam(name)
+
+
+def not_terminal_step() -> Any:
+    # Constant lists as literals: prepared statements take no expanding (IN-list) parameters.
+    return t.steps.c.status.not_in([literal_column(f"'{v}'") for v in TERMINAL_STEPS])
+
+
+# The hot path's statements (rebuno-v0 §2.1, §2.2), built once; see kernel/store/prepared.py.
+GET_AGENT = Prepared(select(t.agents).where(t.agents.c.id == param("id")))
+GET_EXECUTION = Prepared(select(t.executions).where(t.executions.c.id == param("id")))
+GET_DISPATCH = Prepared(select(t.dispatches).where(t.dispatches.c.id == param("id")))
+GET_STEP = Prepared(select(t.steps).where(t.steps.c.step_id == param("id")))
+GET_COUNTER = Prepared(
+    select(t.dispatch_step_counters.c.consumed).where(
+        t.dispatch_step_counters.c.dispatch_id == param("dispatch_id"),
+        t.dispatch_step_counters.c.kind == param("kind"),
+        t.dispatch_step_counters.c.target == param("target"),
+        t.dispatch_step_counters.c.args_hash == param("args_hash"),
+    )
+)
+# The round trip's entry reads, one statement each (rebuno-v0 §2.1, §2.2): the execution, the
+# dispatch the request names (LEFT JOIN on the given id, so a missing one reads as NULLs) and, for a
+# submit, the occurrence counter; for an outcome, the step.
+E_COLS = tuple(t.executions.c)
+D_COLS = tuple(t.dispatches.c)
+S_COLS = tuple(t.steps.c)
+ERow = namedtuple("ERow", [c.key for c in E_COLS])  # type: ignore[misc]
+DRow = namedtuple("DRow", [c.key for c in D_COLS])  # type: ignore[misc]
+SRow = namedtuple("SRow", [c.key for c in S_COLS])  # type: ignore[misc]
+SUBMIT_CONTEXT = Prepared(
+    select(
+        *E_COLS,
+        *D_COLS,
+        select(t.dispatch_step_counters.c.consumed)
+        .where(
+            t.dispatch_step_counters.c.dispatch_id == param("dispatch_id"),
+            t.dispatch_step_counters.c.kind == param("kind"),
+            t.dispatch_step_counters.c.target == param("target"),
+            t.dispatch_step_counters.c.args_hash == param("args_hash"),
+        )
+        .scalar_subquery()
+        .label("consumed"),
+    )
+    .select_from(t.executions.outerjoin(t.dispatches, t.dispatches.c.id == param("dispatch_id")))
+    .where(t.executions.c.id == param("execution_id"))
+)
+OUTCOME_CONTEXT = Prepared(
+    select(*E_COLS, *D_COLS, *S_COLS)
+    .select_from(
+        t.executions.outerjoin(t.dispatches, t.dispatches.c.id == param("dispatch_id")).outerjoin(
+            t.steps, t.steps.c.step_id == param("step_id")
+        )
+    )
+    .where(t.executions.c.id == param("execution_id"))
+)
+TOKEN_USAGE = Prepared(
+    select(t.executions.c.usage_input, t.executions.c.usage_output).where(t.executions.c.id == param("id"))
+)
+ADD_USAGE = Prepared(
+    update(t.executions)
+    .where(t.executions.c.id == param("id"))
+    .values(
+        usage_input=t.executions.c.usage_input + param("input_tokens"),
+        usage_output=t.executions.c.usage_output + param("output_tokens"),
+    )
+)
+ACTIVE_POLICY_REF = Prepared(
+    select(
+        t.policy_revisions.c.id, t.policy_revisions.c.agent_id, t.policy_revisions.c.kind,
+        t.policy_revisions.c.revision,
+    ).where(t.policy_revisions.c.agent_id == param("agent_id"), t.policy_revisions.c.active.is_(True))
+)
+POLICY_CONTENT = Prepared(select(t.policy_revisions.c.content).where(t.policy_revisions.c.id == param("id")))
+INSERT_STEP = Prepared(insert(t.steps))
+INSERT_EVENTS = Prepared(insert(t.events))
+RENEW_LEASE = Prepared(
+    update(t.dispatches)
+    .where(
+        t.dispatches.c.id == param("id"),
+        t.dispatches.c.execution_id == param("execution_id"),
+        t.dispatches.c.attempt == param("attempt"),
+        t.dispatches.c.status == literal_column(f"'{DispatchStatus.IN_FLIGHT.value}'"),
+    )
+    .values(locked_at=param("now"))
+)
+INDETERMINATE = Prepared(
+    select(t.steps.c.error).where(
+        t.steps.c.execution_id == param("execution_id"),
+        t.steps.c.kind == param("kind"),
+        t.steps.c.target == param("target"),
+        t.steps.c.args_hash == param("args_hash"),
+        t.steps.c.status == literal_column(f"'{StepStatus.FAILED.value}'"),
+    )
+)
+PENDING_APPROVAL = Prepared(
+    select(t.approvals)
+    .where(t.approvals.c.step_id == param("step_id"), t.approvals.c.status == literal_column("'pending'"))
+    .order_by(t.approvals.c.created_at)
+)
+COUNT_EVENTS = Prepared(
+    select(func.count())
+    .select_from(t.events)
+    .where(t.events.c.execution_id == param("execution_id"), t.events.c.type == param("type"))
+)
+# Keyed by the columns set: the use cases set a handful of fixed combinations.
+UPDATE_STEP = PreparedCache(
+    lambda keys: update(t.steps)
+    .where(t.steps.c.step_id == param("_id"), not_terminal_step())
+    .values({k: param(k) for k in keys})
+)
+APPEND = PreparedCache(
+    lambda keys: update(t.executions)
+    .where(t.executions.c.id == param("_id"))
+    .values(last_event_seq=t.executions.c.last_event_seq + param("_n"), **{k: param(k) for k in keys})
+    .returning(t.executions.c.last_event_seq)
+)
