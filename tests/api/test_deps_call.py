@@ -8,11 +8,14 @@ import asyncio
 import contextvars
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from kernel.api import threads
 from kernel.api.threads import Lane, call
+from kernel.bootstrap import build_runtime, default_core_threads
+from kernel.config import Settings
 
 REQUEST = contextvars.ContextVar("request", default="none")
 
@@ -153,3 +156,19 @@ def test_configure_replaces_the_lane_and_refuses_zero() -> None:
             threads.configure(0)
     finally:
         threads.configure(before.threads)
+
+
+@pytest.mark.parametrize(("setting", "expected"), [(None, 1), (3, 3)])
+def test_serving_on_sqlite_sizes_the_lane_from_the_settings(tmp_path: Path, setting: int | None,
+                                                            expected: int) -> None:
+    before = threads.lane().threads
+    rt = build_runtime(Settings(db_url=f"sqlite:///{tmp_path}/k.db", core_threads=setting))
+    try:
+        assert threads.lane().threads == expected
+    finally:
+        rt.close()
+        threads.configure(before)
+
+
+def test_postgres_defaults_to_four_lane_threads() -> None:
+    assert default_core_threads("postgresql") == 4 and default_core_threads("sqlite") == 1
