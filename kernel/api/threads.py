@@ -14,6 +14,7 @@ instead, so one slow use case holds up nobody for longer than that.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import queue
@@ -50,11 +51,13 @@ class _Job:
         if not self.claim():
             return
         try:
-            result = self.fn()
-        except BaseException as exc:  # handed to the awaiting request, as run_in_executor does
-            self.loop.call_soon_threadsafe(_settle, self.fut, None, exc)
-        else:
-            self.loop.call_soon_threadsafe(_settle, self.fut, result, None)
+            result: Any = self.fn()
+            exc: BaseException | None = None
+        except BaseException as e:  # handed to the awaiting request, as run_in_executor does
+            result, exc = None, e
+        # RuntimeError: the request's event loop has closed, so nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(_settle, self.fut, result, exc)
 
 
 def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

@@ -172,3 +172,18 @@ def test_serving_on_sqlite_sizes_the_lane_from_the_settings(tmp_path: Path, sett
 
 def test_postgres_defaults_to_four_lane_threads() -> None:
     assert default_core_threads("postgresql") == 4 and default_core_threads("sqlite") == 1
+
+
+def test_a_call_whose_event_loop_closed_does_not_stop_the_lane() -> None:
+    lane = Lane(threads=1)
+    ran = threading.Event()
+    gone = asyncio.new_event_loop()
+    job = threads._Job(ran.set, gone.create_future(), gone)
+    gone.close()  # the request's loop ended before its call ran (a server shutting down)
+    try:
+        lane._ensure_threads()
+        lane._queue.put(job)
+        assert asyncio.run(lane.call(lambda: threading.current_thread().name)) == "regent-core-0"
+        assert ran.is_set()
+    finally:
+        lane.close()
