@@ -37,7 +37,7 @@ def _engine() -> Any:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    if args.execution or args.last:
+    if args.execution or args.last is not None:
         from kernel.cli_policy_replay import run_replay
 
         return run_replay(args)

@@ -49,7 +49,7 @@ def _candidate(path: Path) -> dict[str, Any]:
 def _check(args: argparse.Namespace) -> None:
     if not args.agent_id:
         raise ValidationError("--execution/--last needs --agent-id")
-    if args.execution and args.last:
+    if args.execution and args.last is not None:
         raise ValidationError("--execution and --last are exclusive")
     if getattr(args, "cases", None):
         raise ValidationError("--execution/--last cannot be combined with --cases")

@@ -83,6 +83,13 @@ def test_usage_errors_exit_one(tmp_path: Path, extra: list[str]) -> None:
     assert main(argv) == 1
 
 
+@pytest.mark.parametrize("n", ["0", "-3", "101"])
+def test_last_out_of_range_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], n: str) -> None:
+    # `--last 0` used to fall through to the ordinary case-file run.
+    assert main(["policy", "test", _bundle(tmp_path, STRICTER), "--last", n, "--agent-id", "shell"]) == 1
+    assert "--last must be between 1 and 100" in capsys.readouterr().err
+
+
 def test_bad_bundle_unknown_execution_and_unreachable_kernel_exit_one(
         tmp_path: Path, server: ServerThread, two_executions: list[str]) -> None:
     bad = _bundle(tmp_path, "rules:\n  - id: x\n    then: {decison: allow}\n")
