@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from kernel.api import errors
 from kernel.api.auth import Authenticator
+from kernel.api.metrics import ApiMetrics
 from kernel.api.routes import admin, agent, client, ops, policies, stream
 from kernel.core.kernel import Kernel
 
@@ -47,6 +48,7 @@ def create_app(
         signature_window_seconds=signature_window_seconds,
     )
     app.state.metrics_registry = registry or CollectorRegistry()
+    app.state.metrics = ApiMetrics(app.state.metrics_registry)
     errors.install(app)
     # The routes go straight onto the app's router, the agent's hot routes first: `include_router`
     # keeps each router nested and matches every request against it twice (measured: a third of

@@ -40,8 +40,11 @@ def error_response(code: str, message: str, details: dict[str, Any] | None = Non
 
 
 def install(app: FastAPI) -> None:
+    metrics = app.state.metrics
+
     @app.exception_handler(RegentError)
     async def _regent(_: Request, exc: RegentError) -> Response:
+        metrics.error(exc.code)
         return error_response(exc.code, exc.message, exc.details)
 
     @app.exception_handler(RequestValidationError)
@@ -50,9 +53,11 @@ def install(app: FastAPI) -> None:
         first = errs[0] if errs else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body"))
         msg = f"validation error: {where}: {first.get('msg', 'invalid request')}" if where else "validation error"
+        metrics.error("validation_error")
         return error_response("validation_error", msg)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
+        metrics.error("internal_error")
         return error_response("internal_error", "internal error")

@@ -103,6 +103,10 @@ class Lane:
             self._last_start = clock()
             job.run()
 
+    def queued(self) -> int:
+        """Calls waiting for a lane thread (approximate, as `Queue.qsize`)."""
+        return self._queue.qsize()
+
     def close(self) -> None:
         """Stop the lane threads once the calls queued before this have run."""
         for _ in range(self.threads if self._started else 0):

@@ -85,6 +85,7 @@ async def submit_step(execution_id: str, request: Request) -> Response:
         idempotency=body.idempotency,
     )
     answer = await call(steps.submit_step, kernel_of(request), a.agent_id, eid, did, attempt, req)
+    request.app.state.metrics.decision(req.kind, answer.decision)
     return JSONResponse(answer.to_json())
 
 
@@ -101,6 +102,7 @@ async def _outcome(request: Request, execution_id: str, step_id: str, failed: bo
     answer = await call(
         steps.record_outcome, kernel_of(request), a.agent_id, eid, step_id.lower(), did, attempt, **kwargs
     )
+    request.app.state.metrics.outcome(failed, answer.decision)
     return JSONResponse(answer.to_json())
 
 

@@ -1,0 +1,41 @@
+"""`GET /metrics`: Prometheus text with the step answers, error codes and the lane, over real HTTP."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Running
+from tests.support import AgentClient, ServerThread
+
+
+def _samples(server: ServerThread) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    r = httpx.get(f"{server.url}/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+
+def test_metrics_count_step_answers_errors_and_show_the_lane(
+        server: ServerThread, running: Running, agent_client: AgentClient) -> None:
+    eid, did, att = running.start()
+    agent_client.lease(did, att)
+    first = agent_client.submit(eid, "shell.run", {"cmd": "ls"}).json()
+    assert first["decision"] == "proceed"
+    assert agent_client.complete_step(eid, first["step_id"], {"out": "a"}).json()["decision"] == "recorded"
+    again = agent_client.complete_step(eid, first["step_id"], {"out": "a"}).json()
+    assert again["decision"] == "replay"
+    stale = agent_client.lease(did, att + 1).submit(eid, "shell.run", {"cmd": "pwd"})
+    assert stale.status_code == 409
+
+    m = _samples(server)
+    assert m[("regent_step_decisions_total", (("decision", "proceed"), ("kind", "tool_call")))] == 1.0
+    assert m[("regent_step_outcomes_total", (("answer", "recorded"), ("call", "complete")))] == 1.0
+    assert m[("regent_step_outcomes_total", (("answer", "replay"), ("call", "complete")))] == 1.0
+    assert m[("regent_api_errors_total", (("code", "lease_superseded"),))] == 1.0
+    assert m[("regent_lane_threads", ())] >= 1
+    assert m[("regent_lane_queued", ())] == 0
+    assert ("regent_lane_spilled_total", ()) in m
