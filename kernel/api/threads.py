@@ -5,10 +5,11 @@ use cases run back to back on one thread: every hand-off between threads is a fu
 hand-over and a cold cache. On a 2-CPU box the same 8-client round-trip load cost 4.4–5.3 ms of
 server CPU per round trip spread over a 40-thread pool and 3.3–3.7 ms on one thread (bench/README.md).
 
-So a call queues for one hot thread, the lane. A call that is still waiting while the lane has
-been on the call in front of it for longer than `STUCK_AFTER` (a slow policy evaluation, a rate
+So a call queues for the lane: a few hot threads (`REGENT_CORE_THREADS`: one on SQLite, four on
+PostgreSQL) taking calls from one queue. A call still waiting when no lane thread has taken a call
+for `STUCK_AFTER` (every one is on a slow call: a policy evaluation near its timeout, a rate
 limiter waiting on its server, a lock held by another replica) is handed to the overflow pool
-instead, so one slow use case holds up nobody for longer than that.
+instead, so a slow use case holds up the others for no longer than that.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# How long the lane may stay on one call before the calls queued behind it go to the pool. A
-# step's use case takes about 1 ms of CPU; 10 ms is well past that and well below what a client
+# How long the lane may go without taking a call before the calls queued behind go to the pool.
+# A step's use case takes about 1 ms of CPU; 10 ms is well past that and well below what a client
 # would notice.
 STUCK_AFTER = 0.010
 # Overflow threads, as Starlette's default limiter.
@@ -70,7 +71,7 @@ def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) ->
 
 
 class Lane:
-    """One hot thread for blocking calls, spilling to a pool when that thread is stuck."""
+    """Hot threads for blocking calls, spilling to a pool when all of them are stuck."""
 
     def __init__(self, threads: int = 1, stuck_after: float = STUCK_AFTER,
                  overflow_threads: int = OVERFLOW_THREADS, name: str = "regent-core"):
