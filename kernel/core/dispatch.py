@@ -72,9 +72,12 @@ def claim_one(k: Kernel, dispatch_id: str) -> Claim | None:
             return None
         attempt = d.attempt + 1
         tx.clear_counters(d.id)
-        tx.set_dispatch(d.id, now, status=DispatchStatus.IN_FLIGHT, attempt=attempt,
-                        locked_by=k.replica_id, locked_at=now)
+        # The lease period is fixed here, the one the webhook body announces; renewals (RENEW_LEASE)
+        # move the expiry on by the same period, read from the row.
         lease = k.lease_seconds(agent.lease_timeout_seconds)
+        tx.set_dispatch(d.id, now, status=DispatchStatus.IN_FLIGHT, attempt=attempt,
+                        locked_by=k.replica_id, locked_at=now,
+                        lease_ms=round(lease * 1000), lease_expires_at=now + timedelta(seconds=lease))
         if ex.status.is_terminal:
             tx.set_dispatch(d.id, now, status=DispatchStatus.EXHAUSTED, locked_by=None, locked_at=None)
             tx.append(ex.id, now, [ev.dispatch(EventType.DISPATCH_DISCARDED, d.id, ex.id, "exhausted", attempt)])
@@ -119,12 +122,16 @@ def record_delivery(k: Kernel, claim: Claim, ok: bool, detail: str | None = None
 
 
 def reap_expired_leases(k: Kernel, batch: int = 100) -> int:
-    """Return in-flight rows whose lease ran out to the queue: same id, same attempt, no event."""
+    """Return in-flight rows whose lease ran out to the queue: same id, same attempt, no event.
+
+    Only expired rows are read (by the `lease_expires_at` the claim and each renewal store), so
+    every batch is all expired: many live long leases cannot starve expired short ones.
+    """
     now = k.clock.now()
     total = 0
     for _ in range(1000):  # bounded: at most 100 000 rows a pass
         with k.store.read() as tx:
-            expired = tx.expired_leases(now, int(k.dispatch_lease_timeout), batch)
+            expired = tx.expired_leases(now, k.dispatch_lease_timeout, batch)
         if not expired:
             break
         reaped = 0

@@ -37,7 +37,46 @@ def _initial(conn: Connection) -> None:
     t.metadata.create_all(conn, tables=core)
 
 
-MIGRATIONS: list[Migration] = [Migration(1, "initial schema", _initial)]
+# The kernel default lease (REGENT_DISPATCH_LEASE_TIMEOUT, docs/configuration.md). A migration
+# cannot see the running configuration, so rows whose agent has no lease of its own get this one.
+_DEFAULT_LEASE_SECONDS = 120
+
+
+def _dispatch_lease_expiry(conn: Connection) -> None:
+    # 002: the lease expiry on the dispatch row, indexed, so the reaper selects expired rows in SQL
+    # instead of filtering the oldest in-flight rows in Python (which long live leases could fill).
+    # On a database 001 created from the current tables.py the columns and index exist already.
+    have = {c["name"] for c in inspect(conn).get_columns("dispatches")}
+    ts = t.UTCDateTime().compile(dialect=conn.dialect)
+    if "lease_ms" not in have:
+        conn.execute(text("ALTER TABLE dispatches ADD COLUMN lease_ms INTEGER"))
+    if "lease_expires_at" not in have:
+        conn.execute(text(f"ALTER TABLE dispatches ADD COLUMN lease_expires_at {ts}"))
+    if "ix_dispatches_lease" not in {i["name"] for i in inspect(conn).get_indexes("dispatches")}:
+        conn.execute(text("CREATE INDEX ix_dispatches_lease ON dispatches (status, lease_expires_at)"))
+    # Backfill the rows in flight now: the period is the agent's lease, else the 120 s default
+    # (see _DEFAULT_LEASE_SECONDS), and the expiry locked_at + that period; no locked_at, no expiry
+    # (the reaper treats such a row as expired, as it always has).
+    conn.execute(text(
+        "UPDATE dispatches SET lease_ms = 1000 * COALESCE(("
+        " SELECT agents.lease_timeout_seconds FROM executions JOIN agents ON agents.id = executions.agent_id"
+        " WHERE executions.id = dispatches.execution_id), :default)"
+        " WHERE status = 'in_flight' AND lease_ms IS NULL"
+    ), {"default": _DEFAULT_LEASE_SECONDS})
+    if conn.dialect.name == "sqlite":  # UTCDateTime is `YYYY-MM-DD HH:MM:SS.ffffff` text there
+        expiry = "strftime('%Y-%m-%d %H:%M:%f', locked_at, '+' || (lease_ms / 1000.0) || ' seconds') || '000'"
+    else:
+        expiry = "locked_at + lease_ms * interval '1 millisecond'"
+    conn.execute(text(
+        f"UPDATE dispatches SET lease_expires_at = {expiry}"
+        " WHERE status = 'in_flight' AND lease_expires_at IS NULL AND locked_at IS NOT NULL"
+    ))
+
+
+MIGRATIONS: list[Migration] = [
+    Migration(1, "initial schema", _initial),
+    Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
+]
 LATEST = MIGRATIONS[-1].version
 
 

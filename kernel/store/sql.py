@@ -455,7 +455,10 @@ class Tx:
         return codec.to_dispatch(r) if r else None
 
     def renew_lease(self, dispatch_id: str, execution_id: str, attempt: int, now: datetime) -> bool:
-        """Renew the lease of a live attempt (in_flight, same attempt). False when fenced."""
+        """Renew the lease of a live attempt (in_flight, same attempt). False when fenced.
+
+        locked_at becomes `now` and lease_expires_at `now` + the period the claim stored on the row
+        (lease_ms), computed in the UPDATE, so callers need not know the agent's lease."""
         params = {"id": dispatch_id, "execution_id": execution_id, "attempt": attempt, "now": now}
         return RENEW_LEASE.run(self.w, params) > 0
 
@@ -494,26 +497,25 @@ class Tx:
     def due_dispatch_ids(self, now: datetime, limit: int) -> list[str]:
         return self.store.due_dispatch_ids(self.conn, now, limit)
 
-    def expired_leases(self, now: datetime, default_lease_seconds: int, limit: int) -> list[tuple[str, str, int]]:
-        """In-flight rows with their execution's agent lease period; expiry is decided by the caller."""
+    def expired_leases(self, now: datetime, default_lease_seconds: float, limit: int) -> list[tuple[str, str, float]]:
+        """Up to `limit` in-flight rows whose lease has run out, soonest expiry first, as
+        (id, str(locked_at), lease period). Expiry is decided in SQL on the stored `lease_expires_at`
+        (index ix_dispatches_lease), so live long leases never crowd out expired short ones. A row
+        in flight without an expiry (not written by a claim) counts as expired, and comes first."""
         c = t.dispatches.c
-        q = (
-            select(c.id, c.locked_at, t.agents.c.lease_timeout_seconds)
-            .select_from(
-                t.dispatches.join(t.executions, t.executions.c.id == c.execution_id).join(
-                    t.agents, t.agents.c.id == t.executions.c.agent_id
-                )
-            )
-            .where(c.status == DispatchStatus.IN_FLIGHT.value)
-            .order_by(c.locked_at)
-            .limit(limit)
-        )
-        out = []
-        for did, locked_at, lease in self.conn.execute(q).all():
-            period = lease or default_lease_seconds
-            if locked_at is None or (now - locked_at).total_seconds() >= period:
-                out.append((did, str(locked_at), period))
-        return out
+        cols = (c.id, c.locked_at, c.lease_ms)
+        in_flight = c.status == DispatchStatus.IN_FLIGHT.value
+        rows = list(self.conn.execute(
+            select(*cols).where(in_flight, c.lease_expires_at.is_(None)).order_by(c.id).limit(limit)
+        ).all())
+        if len(rows) < limit:
+            rows += self.conn.execute(
+                select(*cols)
+                .where(in_flight, c.lease_expires_at <= now)
+                .order_by(c.lease_expires_at)
+                .limit(limit - len(rows))
+            ).all()
+        return [(did, str(locked_at), ms / 1000 if ms else default_lease_seconds) for did, locked_at, ms in rows]
 
     # -- approvals ------------------------------------------------------------------------
     def insert_approval(self, a: Approval) -> None:

@@ -10,6 +10,8 @@ from collections import namedtuple
 from typing import Any
 
 from sqlalchemy import bindparam, func, insert, literal_column, select, update
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 from kernel.domain import (
     DispatchStatus,
@@ -103,6 +105,34 @@ ACTIVE_POLICY_REF = Prepared(
 POLICY_CONTENT = Prepared(select(t.policy_revisions.c.content).where(t.policy_revisions.c.id == param("id")))
 INSERT_STEP = Prepared(insert(t.steps))
 INSERT_EVENTS = Prepared(insert(t.events))
+
+
+class plus_ms(FunctionElement[Any]):
+    """`timestamp + milliseconds` in SQL, per dialect: PostgreSQL adds an interval; SQLite, which
+    stores `UTCDateTime` as `YYYY-MM-DD HH:MM:SS.ffffff` text, shifts it with strftime (whose `%f`
+    keeps milliseconds, padded back to six digits so stored values keep one sortable format)."""
+
+    type = t.UTCDateTime()
+    inherit_cache = True
+    name = "plus_ms"
+
+
+@compiles(plus_ms)
+def _plus_ms(element: plus_ms, compiler: Any, **kw: Any) -> str:
+    ts, ms = (compiler.process(c, **kw) for c in element.clauses)
+    return f"({ts} + ({ms}) * interval '1 millisecond')"
+
+
+@compiles(plus_ms, "sqlite")
+def _plus_ms_sqlite(element: plus_ms, compiler: Any, **kw: Any) -> str:
+    ts, ms = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(strftime('%Y-%m-%d %H:%M:%f', {ts}, '+' || (({ms}) / 1000.0) || ' seconds') || '000')"
+
+
+# Renewing moves the expiry on by the period the claim stored on the row (`lease_ms`), in the
+# UPDATE itself: the submit, outcome and heartbeat paths need not know the agent's lease period,
+# and no query is added to them.
+_NOW = bindparam("now", type_=t.UTCDateTime())
 RENEW_LEASE = Prepared(
     update(t.dispatches)
     .where(
@@ -111,7 +141,7 @@ RENEW_LEASE = Prepared(
         t.dispatches.c.attempt == param("attempt"),
         t.dispatches.c.status == literal_column(f"'{DispatchStatus.IN_FLIGHT.value}'"),
     )
-    .values(locked_at=param("now"))
+    .values(locked_at=_NOW, lease_expires_at=plus_ms(_NOW, t.dispatches.c.lease_ms))
 )
 INDETERMINATE = Prepared(
     select(t.steps.c.error).where(

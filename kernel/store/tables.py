@@ -176,6 +176,8 @@ class DispatchRow(SQLModel, table=True):
     __table_args__ = (
         Index("ix_dispatches_due", "status", "next_attempt_at"),
         Index("ix_dispatches_execution", "execution_id"),
+        # The reaper: WHERE status = 'in_flight' AND lease_expires_at <= :now ORDER BY lease_expires_at.
+        Index("ix_dispatches_lease", "status", "lease_expires_at"),
     )
 
     id: str = Field(sa_column=Column(String(36), primary_key=True))
@@ -190,6 +192,12 @@ class DispatchRow(SQLModel, table=True):
     locked_at: datetime | None = _ts(nullable=True)
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
+    # The lease of the in-flight attempt: its period in milliseconds (the default lease may be
+    # fractional), fixed at the claim (the agent's lease_timeout_seconds, else the kernel default:
+    # what the webhook body told the agent), and its expiry, locked_at + that period, moved on by
+    # every renewal. Stale once the row leaves in_flight; only in-flight rows are read for expiry.
+    lease_ms: int | None = Field(default=None, sa_column=Column(Integer))
+    lease_expires_at: datetime | None = _ts(nullable=True)
 
 
 class DispatchStepCounterRow(SQLModel, table=True):

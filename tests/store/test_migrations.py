@@ -1,0 +1,125 @@
+"""Schema migrations on SQLite and PostgreSQL: a database at the previous version migrates in place.
+
+Each test gets an empty database of its own (PostgreSQL: not the session one other tests truncate),
+since these tests change the schema itself.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, select, text
+
+from kernel.domain import Agent, Dispatch, DispatchStatus, Execution, ExecutionStatus
+from kernel.identity import new_uuid7
+from kernel.store import SqlStore, open_store
+from kernel.store import tables as t
+from kernel.store.migrations import LATEST, current_version, migrate
+from kernel.store.postgres import driver_url
+from tests.conftest import PG_URL, _unavailable
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def empty_store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[SqlStore]:
+    if request.param == "sqlite":
+        s = open_store(f"sqlite:///{tmp_path}/regent.db")
+        yield s
+        s.close()
+        return
+    name = f"regent_mig_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = create_engine(driver_url(PG_URL), isolation_level="AUTOCOMMIT")
+        with admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        _unavailable("PostgreSQL", exc)
+    s = open_store(f"{PG_URL.rsplit('/', 1)[0]}/{name}")
+    try:
+        yield s
+    finally:
+        s.close()
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _at_version_1(store: SqlStore) -> None:
+    """The schema as version 1 left it: dispatches without the lease expiry columns and index."""
+    migrate(store)
+    with store.engine.begin() as c:
+        c.execute(text("DROP INDEX ix_dispatches_lease"))
+        c.execute(text("ALTER TABLE dispatches DROP COLUMN lease_expires_at"))
+        c.execute(text("ALTER TABLE dispatches DROP COLUMN lease_ms"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 1))
+        assert current_version(c) == 1
+
+
+def _in_flight(store: SqlStore, agent_id: str, locked_at: datetime | None,
+               status: DispatchStatus = DispatchStatus.IN_FLIGHT) -> str:
+    """An execution of the agent with one dispatch, written with the version-1 columns only."""
+    eid, did = new_uuid7(), new_uuid7()
+    with store.transaction(lock=eid) as tx:
+        tx.insert_execution(Execution(id=eid, agent_id=agent_id, input=None, status=ExecutionStatus.RUNNING,
+                                      created_at=T0, updated_at=T0))
+        tx.insert_dispatch(Dispatch(id=did, execution_id=eid, status=DispatchStatus.PENDING, attempt=0,
+                                    max_attempts=5, next_attempt_at=T0, created_at=T0, updated_at=T0))
+        tx.set_dispatch(did, T0, status=status, attempt=1, locked_by="r1", locked_at=locked_at)
+    return did
+
+
+def _lease(store: SqlStore, did: str) -> tuple[int | None, datetime | None]:
+    c = t.dispatches.c
+    with store.read() as tx:
+        row = tx.conn.execute(select(c.lease_ms, c.lease_expires_at).where(c.id == did)).one()
+    return row[0], row[1]
+
+
+def test_fresh_database_migrates_to_latest_and_again_is_a_no_op(empty_store: SqlStore) -> None:
+    assert [m.version for m in migrate(empty_store)] == list(range(1, LATEST + 1))
+    assert LATEST >= 2
+    assert migrate(empty_store) == []
+    with empty_store.engine.connect() as c:
+        assert current_version(c) == LATEST
+
+
+def test_version_1_database_migrates_and_in_flight_rows_get_a_backfilled_lease_expiry(
+    empty_store: SqlStore,
+) -> None:
+    store = empty_store
+    _at_version_1(store)
+    with store.transaction() as tx:
+        tx.upsert_agent(Agent(id="own", webhook_url="http://127.0.0.1:9/h", secret="s", registered_at=T0,
+                              lease_timeout_seconds=30))
+        tx.upsert_agent(Agent(id="dflt", webhook_url="http://127.0.0.1:9/h", secret="s", registered_at=T0))
+    own = _in_flight(store, "own", T0)
+    dflt = _in_flight(store, "dflt", T0 + timedelta(seconds=5))
+    unlocked = _in_flight(store, "own", None)
+    pending = _in_flight(store, "own", None, status=DispatchStatus.PENDING)
+
+    assert [m.version for m in migrate(store)] == [2]
+    with store.engine.connect() as c:
+        assert current_version(c) == 2
+    assert _lease(store, own) == (30_000, T0 + timedelta(seconds=30))  # the agent's own lease
+    # no lease of its own: the 120 s default the migration documents
+    assert _lease(store, dflt) == (120_000, T0 + timedelta(seconds=125))
+    assert _lease(store, unlocked) == (30_000, None)
+    assert _lease(store, pending) == (None, None)  # not in flight: its next claim sets both
+
+    with store.read() as tx:
+        due = tx.expired_leases(T0 + timedelta(seconds=30), 120, 100)
+        assert [d for d, _, _ in due] == [unlocked, own]  # no expiry counts as expired, first
+        assert {d for d, _, _ in tx.expired_leases(T0 + timedelta(seconds=125), 120, 100)} == {unlocked, own, dflt}
+    # the migrated row renews like a claimed one: the expiry moves on by its period
+    later = T0 + timedelta(seconds=29)
+    with store.read() as tx:
+        d = tx.get_dispatch(own)
+    assert d is not None
+    with store.transaction(lock=d.execution_id) as tx:
+        assert tx.renew_lease(own, d.execution_id, 1, later)
+    assert _lease(store, own) == (30_000, later + timedelta(seconds=30))
