@@ -42,14 +42,20 @@ GET_AGENT = Prepared(select(t.agents).where(t.agents.c.id == param("id")))
 GET_EXECUTION = Prepared(select(t.executions).where(t.executions.c.id == param("id")))
 GET_DISPATCH = Prepared(select(t.dispatches).where(t.dispatches.c.id == param("id")))
 GET_STEP = Prepared(select(t.steps).where(t.steps.c.step_id == param("id")))
-GET_COUNTER = Prepared(
-    select(t.dispatch_step_counters.c.consumed).where(
-        t.dispatch_step_counters.c.dispatch_id == param("dispatch_id"),
-        t.dispatch_step_counters.c.kind == param("kind"),
-        t.dispatch_step_counters.c.target == param("target"),
-        t.dispatch_step_counters.c.args_hash == param("args_hash"),
+
+
+def _consumed() -> Any:
+    """The occurrence counter of one (dispatch, kind, target, args_hash)."""
+    c = t.dispatch_step_counters.c
+    return select(c.consumed).where(
+        c.dispatch_id == param("dispatch_id"),
+        c.kind == param("kind"),
+        c.target == param("target"),
+        c.args_hash == param("args_hash"),
     )
-)
+
+
+GET_COUNTER = Prepared(_consumed())
 # The round trip's entry reads, one statement each (rebuno-v0 §2.1, §2.2): the execution, the
 # dispatch the request names (LEFT JOIN on the given id, so a missing one reads as NULLs) and, for a
 # submit, the occurrence counter; for an outcome, the step.
@@ -63,15 +69,7 @@ SUBMIT_CONTEXT = Prepared(
     select(
         *E_COLS,
         *D_COLS,
-        select(t.dispatch_step_counters.c.consumed)
-        .where(
-            t.dispatch_step_counters.c.dispatch_id == param("dispatch_id"),
-            t.dispatch_step_counters.c.kind == param("kind"),
-            t.dispatch_step_counters.c.target == param("target"),
-            t.dispatch_step_counters.c.args_hash == param("args_hash"),
-        )
-        .scalar_subquery()
-        .label("consumed"),
+        _consumed().scalar_subquery().label("consumed"),
     )
     .select_from(t.executions.outerjoin(t.dispatches, t.dispatches.c.id == param("dispatch_id")))
     .where(t.executions.c.id == param("execution_id"))
