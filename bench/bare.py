@@ -3,7 +3,7 @@
 Same paths, same POST JSON bodies in, similar JSON out (compact, newline-terminated, as the
 kernel renders), served by uvicorn with exactly the settings `regent serve` uses (kernel/cli.py:
 `_serve`), so the only difference from the kernel is the kernel's own work: signature check,
-validation, canonical JSON, the store transaction and the thread-pool hop.
+validation, canonical JSON, the store transaction and the hop to the lane thread.
 
     python -m bench.bare --port 8765
 """

@@ -80,7 +80,7 @@ def stream_hooks(settings: Settings, store: SqlStore) -> list[Any]:
 def default_core_threads(dialect: str) -> int:
     """SQLite serialises writers, and under the GIL one thread running use cases back to back beats
     several handing off to each other; PostgreSQL statements wait on the network, so a few
-    threads overlap those waits (bench/README.md, "The lane")."""
+    threads overlap those waits (bench/README.md, "The lane on PostgreSQL")."""
     return 1 if dialect == "sqlite" else 4
 
 

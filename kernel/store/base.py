@@ -15,9 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, or_, select
 from sqlalchemy.engine import Connection
 
-from kernel.domain import (
-    DispatchStatus,
-)
+from kernel.domain import DispatchStatus
 from kernel.store import tables as t
 from kernel.store.sql import Tx
 
