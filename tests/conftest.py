@@ -6,6 +6,7 @@ REGENT_REQUIRE_SERVICES=1 (CI), where they fail instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -37,25 +38,35 @@ def _unavailable(what: str, exc: Exception) -> None:
     pytest.skip(msg)
 
 
-@pytest.fixture(scope="session")
-def pg_database() -> Iterator[str]:
-    """A fresh database on the real server for this test session, dropped afterwards."""
-    name = f"regent_test_{uuid.uuid4().hex[:10]}"
+@contextlib.contextmanager
+def scratch_pg_database(prefix: str, *, migrated: bool = True) -> Iterator[str]:
+    """A new database on the real server (URL), dropped afterwards; skipped (or, with
+    REGENT_REQUIRE_SERVICES=1, failed) when the server is unreachable."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     try:
         admin = create_engine(driver_url(PG_URL), isolation_level="AUTOCOMMIT")
         with admin.connect() as c:
             c.execute(text(f'CREATE DATABASE "{name}"'))
     except Exception as exc:  # pragma: no cover - depends on the machine
         _unavailable("PostgreSQL", exc)
-    base = PG_URL.rsplit("/", 1)[0]
-    url = f"{base}/{name}"
-    store = open_store(url)
-    migrate(store)
-    store.close()
-    yield url
-    with admin.connect() as c:
-        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    url = f"{PG_URL.rsplit('/', 1)[0]}/{name}"
+    try:
+        if migrated:
+            store = open_store(url)
+            migrate(store)
+            store.close()
+        yield url
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A fresh database on the real server for this test session, dropped afterwards."""
+    with scratch_pg_database("regent_test") as url:
+        yield url
 
 
 def _truncate(store: SqlStore) -> None:

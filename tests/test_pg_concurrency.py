@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +27,8 @@ from kernel.core.dispatch import claim_one
 from kernel.core.kernel import Kernel
 from kernel.identity import args_hash
 from kernel.store import open_store
-from kernel.store.migrations import migrate
 from kernel.store.postgres import driver_url
-from tests.conftest import PG_URL, _unavailable
+from tests.conftest import scratch_pg_database
 from tests.support import AgentClient
 from tests.test_crash import (
     AGENT,
@@ -52,23 +50,8 @@ ROUNDS = 6
 @pytest.fixture
 def fresh_pg() -> Iterator[str]:
     """A database of its own (not the session one other tests truncate), dropped afterwards."""
-    name = f"regent_conc_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = create_engine(driver_url(PG_URL), isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        _unavailable("PostgreSQL", exc)
-    url = f"{PG_URL.rsplit('/', 1)[0]}/{name}"
-    store = open_store(url)
-    migrate(store)
-    store.close()
-    try:
+    with scratch_pg_database("regent_conc") as url:
         yield url
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _lease(url: str, receiver: WebhookReceiver, execution_id: str) -> Delivery:

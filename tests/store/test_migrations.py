@@ -6,21 +6,19 @@ since these tests change the schema itself.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import select, text
 
 from kernel.domain import Agent, Dispatch, DispatchStatus, Execution, ExecutionStatus
 from kernel.identity import new_uuid7
 from kernel.store import SqlStore, open_store
 from kernel.store import tables as t
 from kernel.store.migrations import LATEST, current_version, migrate
-from kernel.store.postgres import driver_url
-from tests.conftest import PG_URL, _unavailable
+from tests.conftest import scratch_pg_database
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -32,21 +30,12 @@ def empty_store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[SqlSt
         yield s
         s.close()
         return
-    name = f"regent_mig_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = create_engine(driver_url(PG_URL), isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        _unavailable("PostgreSQL", exc)
-    s = open_store(f"{PG_URL.rsplit('/', 1)[0]}/{name}")
-    try:
-        yield s
-    finally:
-        s.close()
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_pg_database("regent_mig", migrated=False) as url:
+        s = open_store(url)
+        try:
+            yield s
+        finally:
+            s.close()
 
 
 def _at_version_1(store: SqlStore) -> None:
