@@ -16,6 +16,7 @@ from sqlalchemy import Engine, or_, select
 from sqlalchemy.engine import Connection
 
 from kernel.domain import DispatchStatus
+from kernel.store import codec
 from kernel.store import tables as t
 from kernel.store.sql import Tx
 
@@ -35,6 +36,8 @@ class SqlStore:
         # Connections kept open between transactions (LIFO, at most _IDLE_MAX): checking a
         # Connection out of the pool and back cost more than a step's reads.
         self._idle: list[tuple[Connection, float]] = []
+        # Large execution inputs, decoded once for the step path (see codec.DecodedInputs).
+        self.inputs = codec.DecodedInputs()
 
     @contextmanager
     def _connection(self) -> Iterator[Connection]:
