@@ -33,14 +33,17 @@ from kernel.store.statements import (
     COUNT_EVENTS,
     D_COLS,
     E_COLS,
+    EVENT_COLUMNS,
     GET_AGENT,
     GET_COUNTER,
     GET_DISPATCH,
     GET_EXECUTION,
     GET_STEP,
     INDETERMINATE,
+    INSERT_EVENT_ROWS,
     INSERT_EVENTS,
     INSERT_STEP,
+    MAX_EVENT_ROWS,
     OUTCOME_CONTEXT,
     PENDING_APPROVAL,
     POLICY_CONTENT,
@@ -327,19 +330,16 @@ class Tx:
             raise LookupError(f"execution {execution_id} not found")
         if n:
             first = last - n + 1
-            INSERT_EVENTS.many(
-                self.w,
-                [
-                    {
-                        "execution_id": execution_id,
-                        "event_seq": first + i,
-                        "type": str(typ),
-                        "payload": codec.dumps(payload),
-                        "occurred_at": now,
-                    }
-                    for i, (typ, payload) in enumerate(events)
-                ],
-            )
+            rows = [
+                (execution_id, first + i, str(typ), codec.dumps(payload), now)
+                for i, (typ, payload) in enumerate(events)
+            ]
+            if n <= MAX_EVENT_ROWS:
+                INSERT_EVENT_ROWS.get(n).run(
+                    self.w, {f"{c}_{i}": v for i, row in enumerate(rows) for c, v in zip(EVENT_COLUMNS, row, strict=True)}
+                )
+            else:
+                INSERT_EVENTS.many(self.w, [dict(zip(EVENT_COLUMNS, row, strict=True)) for row in rows])
         return int(last)
 
     def list_events(self, execution_id: str, after_seq: int, limit: int) -> list[Event]:

@@ -103,6 +103,16 @@ ACTIVE_POLICY_REF = Prepared(
 POLICY_CONTENT = Prepared(select(t.policy_revisions.c.content).where(t.policy_revisions.c.id == param("id")))
 INSERT_STEP = Prepared(insert(t.steps))
 INSERT_EVENTS = Prepared(insert(t.events))
+EVENT_COLUMNS = ("execution_id", "event_seq", "type", "payload", "occurred_at")
+# One multi-row INSERT for the few events a use case appends (an allowed step: three): on
+# PostgreSQL, executemany goes through psycopg's pipeline machinery, which cost more than the
+# statement. Keyed by the row count; larger batches use INSERT_EVENTS.many.
+MAX_EVENT_ROWS = 8
+INSERT_EVENT_ROWS = PreparedCache(
+    lambda n: insert(t.events).values(
+        [{c: param(f"{c}_{i}") for c in EVENT_COLUMNS} for i in range(n)]
+    )
+)
 
 
 class plus_ms(FunctionElement[Any]):
