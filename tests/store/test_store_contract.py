@@ -90,6 +90,20 @@ def test_append_gives_gapless_seqs_from_1(store: SqlStore) -> None:
         assert [e.event_seq for e in tx.list_events(e1, 0, 2)] == [1, 2]
 
 
+@pytest.mark.parametrize("n", [8, 9, 25])
+def test_append_of_many_events_at_once_keeps_order_and_payloads(store: SqlStore, n: int) -> None:
+    # Up to 8 rows go in one multi-row INSERT, more through executemany: both must agree.
+    eid = _execution(store, _agent(store))
+    with store.transaction(lock=eid) as tx:
+        tx.append(eid, T0, [("test.one", {"first": True})])
+        assert tx.append(eid, T0, [(f"test.e{i}", {"i": i}) for i in range(n)]) == n + 1
+    with store.read() as tx:
+        evs = tx.list_events(eid, 1, 100)
+    assert [e.event_seq for e in evs] == list(range(2, n + 2))
+    assert [(e.type, e.payload) for e in evs] == [(f"test.e{i}", {"i": i}) for i in range(n)]
+    assert all(e.occurred_at == T0 for e in evs)
+
+
 def test_append_applies_execution_values_in_the_same_write(store: SqlStore) -> None:
     eid = _execution(store, _agent(store))
     later = T0 + timedelta(seconds=5)
