@@ -16,9 +16,7 @@ from sqlalchemy.engine import Connection
 
 from kernel.domain import (
     Agent,
-    Approval,
     Dispatch,
-    DispatchStatus,
     Event,
     Execution,
     Step,
@@ -26,6 +24,7 @@ from kernel.domain import (
 )
 from kernel.store import codec
 from kernel.store import tables as t
+from kernel.store.sql_dispatch import DispatchQueries
 from kernel.store.statements import (
     ACTIVE_POLICY_REF,
     ADD_USAGE,
@@ -36,7 +35,6 @@ from kernel.store.statements import (
     EVENT_COLUMNS,
     GET_AGENT,
     GET_COUNTER,
-    GET_DISPATCH,
     GET_EXECUTION,
     GET_STEP,
     INDETERMINATE,
@@ -45,9 +43,7 @@ from kernel.store.statements import (
     INSERT_STEP,
     MAX_EVENT_ROWS,
     OUTCOME_CONTEXT,
-    PENDING_APPROVAL,
     POLICY_CONTENT,
-    RENEW_LEASE,
     SUBMIT_CONTEXT,
     TERMINAL_EXECUTIONS,
     TERMINAL_STEPS,
@@ -62,7 +58,7 @@ if TYPE_CHECKING:
     from kernel.store.base import SqlStore
 
 
-class Tx:
+class Tx(DispatchQueries):
     """One open transaction. Every method is a single round trip or a small batch."""
 
     def __init__(self, store: SqlStore, conn: Connection, escalate: Callable[[], Connection] | None = None):
@@ -432,149 +428,6 @@ class Tx:
             key=("dispatch_id", "kind", "target", "args_hash"),
             column="consumed",
         )
-
-    # -- dispatches -----------------------------------------------------------------------
-    def insert_dispatch(self, d: Dispatch) -> None:
-        self.w.execute(
-            insert(t.dispatches).values(
-                id=d.id,
-                execution_id=d.execution_id,
-                status=d.status.value,
-                attempt=d.attempt,
-                max_attempts=d.max_attempts,
-                next_attempt_at=d.next_attempt_at,
-                locked_by=None,
-                locked_at=None,
-                created_at=d.created_at,
-                updated_at=d.updated_at,
-            )
-        )
-
-    def get_dispatch(self, dispatch_id: str) -> Dispatch | None:
-        r = GET_DISPATCH.first(self.conn, {"id": dispatch_id})
-        return codec.to_dispatch(r) if r else None
-
-    def renew_lease(self, dispatch_id: str, execution_id: str, attempt: int, now: datetime) -> bool:
-        """Renew the lease of a live attempt (in_flight, same attempt). False when fenced.
-
-        locked_at becomes `now` and lease_expires_at `now` + the period the claim stored on the row
-        (lease_ms), computed in the UPDATE, so callers need not know the agent's lease."""
-        params = {"id": dispatch_id, "execution_id": execution_id, "attempt": attempt, "now": now}
-        return RENEW_LEASE.run(self.w, params) > 0
-
-    def retire_dispatches(self, execution_id: str, now: datetime) -> None:
-        c = t.dispatches.c
-        self.w.execute(
-            update(t.dispatches)
-            .where(c.execution_id == execution_id, c.status != DispatchStatus.EXHAUSTED.value)
-            .values(status=DispatchStatus.EXHAUSTED.value, locked_by=None, locked_at=None, updated_at=now)
-        )
-
-    def set_dispatch(self, dispatch_id: str, now: datetime, **values: Any) -> None:
-        if "status" in values:
-            values["status"] = str(values["status"])
-        self.w.execute(
-            update(t.dispatches).where(t.dispatches.c.id == dispatch_id).values(updated_at=now, **values)
-        )
-
-    def set_dispatch_if_live(self, dispatch_id: str, attempt: int, now: datetime, **values: Any) -> bool:
-        """Apply a delivery verdict only if the row is still in flight with this attempt."""
-        if "status" in values:
-            values["status"] = str(values["status"])
-        c = t.dispatches.c
-        res = self.w.execute(
-            update(t.dispatches)
-            .where(c.id == dispatch_id, c.attempt == attempt, c.status == DispatchStatus.IN_FLIGHT.value)
-            .values(updated_at=now, **values)
-        )
-        return res.rowcount > 0
-
-    def clear_counters(self, dispatch_id: str) -> None:
-        self.w.execute(
-            delete(t.dispatch_step_counters).where(t.dispatch_step_counters.c.dispatch_id == dispatch_id)
-        )
-
-    def due_dispatch_ids(self, now: datetime, limit: int) -> list[str]:
-        return self.store.due_dispatch_ids(self.conn, now, limit)
-
-    def expired_leases(self, now: datetime, default_lease_seconds: float, limit: int) -> list[tuple[str, str, float]]:
-        """Up to `limit` in-flight rows whose lease has run out, soonest expiry first, as
-        (id, str(locked_at), lease period). Expiry is decided in SQL on the stored `lease_expires_at`
-        (index ix_dispatches_lease), so live long leases never crowd out expired short ones. A row
-        in flight without an expiry (not written by a claim) counts as expired, and comes first."""
-        c = t.dispatches.c
-        cols = (c.id, c.locked_at, c.lease_ms)
-        in_flight = c.status == DispatchStatus.IN_FLIGHT.value
-        rows = list(self.conn.execute(
-            select(*cols).where(in_flight, c.lease_expires_at.is_(None)).order_by(c.id).limit(limit)
-        ).all())
-        if len(rows) < limit:
-            rows += self.conn.execute(
-                select(*cols)
-                .where(in_flight, c.lease_expires_at <= now)
-                .order_by(c.lease_expires_at)
-                .limit(limit - len(rows))
-            ).all()
-        return [(did, str(locked_at), ms / 1000 if ms else default_lease_seconds) for did, locked_at, ms in rows]
-
-    # -- approvals ------------------------------------------------------------------------
-    def insert_approval(self, a: Approval) -> None:
-        self.w.execute(
-            insert(t.approvals).values(
-                id=a.id,
-                step_id=a.step_id,
-                execution_id=a.execution_id,
-                status=a.status.value,
-                approvers=codec.dumps_or_none(a.approvers),
-                message=a.message,
-                timeout_at=a.timeout_at,
-                created_at=a.created_at,
-            )
-        )
-
-    def get_approval(self, approval_id: str) -> Approval | None:
-        r = self.conn.execute(select(t.approvals).where(t.approvals.c.id == approval_id)).first()
-        return codec.to_approval(r) if r else None
-
-    def pending_approval_for_step(self, step_id: str) -> Approval | None:
-        r = PENDING_APPROVAL.first(self.conn, {"step_id": step_id})
-        return codec.to_approval(r) if r else None
-
-    def list_approvals(self, status: str | None, execution_id: str | None = None) -> list[Approval]:
-        q = select(t.approvals)
-        if status is not None:
-            q = q.where(t.approvals.c.status == status)
-        if execution_id is not None:
-            q = q.where(t.approvals.c.execution_id == execution_id)
-        q = q.order_by(t.approvals.c.created_at, t.approvals.c.id)
-        return [codec.to_approval(r) for r in self.conn.execute(q).all()]
-
-    def expired_approvals(self, now: datetime, limit: int) -> list[Approval]:
-        q = (
-            select(t.approvals)
-            .where(t.approvals.c.status == "pending", t.approvals.c.timeout_at <= now)
-            .order_by(t.approvals.c.timeout_at)
-            .limit(limit)
-        )
-        return [codec.to_approval(r) for r in self.conn.execute(q).all()]
-
-    def set_approval(self, approval_id: str, **values: Any) -> None:
-        if "status" in values:
-            values["status"] = str(values["status"])
-        self.w.execute(update(t.approvals).where(t.approvals.c.id == approval_id).values(**values))
-
-    # -- api keys -------------------------------------------------------------------------
-    def insert_api_key(self, values: dict[str, Any]) -> None:
-        self.w.execute(insert(t.api_keys).values(**values))
-
-    def get_api_key(self, key_id: str) -> Any:
-        return self.conn.execute(select(t.api_keys).where(t.api_keys.c.id == key_id)).first()
-
-    def list_api_keys(self) -> list[Any]:
-        return list(self.conn.execute(select(t.api_keys).order_by(t.api_keys.c.created_at, t.api_keys.c.id)).all())
-
-    def set_api_key(self, key_id: str, **values: Any) -> None:
-        self.w.execute(update(t.api_keys).where(t.api_keys.c.id == key_id).values(**values))
 
 
 __all__ = ["Tx"]
