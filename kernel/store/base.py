@@ -12,12 +12,13 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, or_, select
+from sqlalchemy import Engine, bindparam, or_, select
 from sqlalchemy.engine import Connection
 
 from kernel.domain import DispatchStatus
 from kernel.store import codec
 from kernel.store import tables as t
+from kernel.store.prepared import PreparedCache
 from kernel.store.sql import Tx
 
 
@@ -30,9 +31,14 @@ class SqlStore:
     # through the pool (whose pre-ping would notice a server restart); None: no limit.
     idle_fresh_seconds: float | None = None
 
+    # The dialect's INSERT (with on_conflict_do_update) and its two-argument maximum function.
+    insert: Any = None
+    greatest: Any = None
+
     def __init__(self, engine: Engine, url: str):
         self.engine = engine
         self.url = url
+        self._upsert_max = _upsert_max_cache(type(self).insert, type(self).greatest)
         # Connections kept open between transactions (LIFO, at most _IDLE_MAX): checking a
         # Connection out of the pool and back cost more than a step's reads.
         self._idle: list[tuple[Connection, float]] = []
@@ -87,7 +93,8 @@ class SqlStore:
     def upsert_max(
         self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
     ) -> None:
-        raise NotImplementedError
+        """INSERT … ON CONFLICT (key) DO UPDATE SET column = the larger of the two (prepared)."""
+        self._upsert_max.get((table.name, tuple(values), tuple(key), column)).run(conn, values)
 
     @staticmethod
     def due_dispatch_query(now: datetime, limit: int) -> Any:
@@ -137,6 +144,24 @@ class SqlStore:
 
 
 _IDLE_MAX = 8
+_UPSERT_MAX_CACHES: dict[tuple[Any, Any], PreparedCache] = {}
+
+
+def _upsert_max_cache(insert: Any, greatest: Any) -> PreparedCache:
+    """One cache per dialect of `INSERT … ON CONFLICT (key) DO UPDATE SET column =
+    greatest(column, excluded.column)`, keyed by (table, columns, key, column)."""
+    cache = _UPSERT_MAX_CACHES.get((insert, greatest))
+    if cache is None:
+        def build(spec: tuple[str, tuple[str, ...], tuple[str, ...], str]) -> Any:
+            name, cols, key, column = spec
+            table = t.metadata.tables[name]
+            stmt = insert(table).values({c: bindparam(c) for c in cols})
+            return stmt.on_conflict_do_update(
+                index_elements=list(key), set_={column: greatest(table.c[column], stmt.excluded[column])}
+            )
+
+        cache = _UPSERT_MAX_CACHES.setdefault((insert, greatest), PreparedCache(build))
+    return cache
 
 
 def _driver_in_transaction(conn: Connection) -> bool:

@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from kernel.store.base import SqlStore
-from kernel.store.prepared import Prepared, PreparedCache
+from kernel.store.prepared import Prepared
 
 _LOCK = Prepared(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"))
 _TRY_LOCK = text("SELECT pg_try_advisory_lock(hashtextextended(:k, 0))")
@@ -27,25 +27,10 @@ def driver_url(url: str) -> str:
     raise ValueError(f"not a PostgreSQL URL: {url}")
 
 
-
-def _upsert_max_stmt(spec: tuple[str, tuple[str, ...], tuple[str, ...], str]) -> Any:
-    """INSERT … ON CONFLICT (key) DO UPDATE SET column = greatest(column, excluded.column)."""
-    from sqlalchemy import bindparam
-
-    from kernel.store.tables import metadata
-
-    name, cols, key, column = spec
-    table = metadata.tables[name]
-    stmt = pg_insert(table).values({c: bindparam(c) for c in cols})
-    return stmt.on_conflict_do_update(
-        index_elements=list(key), set_={column: func.greatest(table.c[column], stmt.excluded[column])}
-    )
-
-
-_UPSERT_MAX = PreparedCache(_upsert_max_stmt)
-
 class PostgresStore(SqlStore):
     dialect = "postgresql"
+    insert = staticmethod(pg_insert)
+    greatest = func.greatest
     # A Connection idle for longer goes back through the pool, whose pre-ping replaces one the
     # server dropped; one used within the last second is handed out again as it is.
     idle_fresh_seconds = 1.0
@@ -73,10 +58,6 @@ class PostgresStore(SqlStore):
         )
         conn.execute(stmt)
 
-    def upsert_max(
-        self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
-    ) -> None:
-        _UPSERT_MAX.get((table.name, tuple(values), tuple(key), column)).run(conn, values)
 
     def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]:
         # SKIP LOCKED: replicas claiming at the same moment take disjoint rows instead of queueing.

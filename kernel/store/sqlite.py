@@ -9,35 +9,20 @@ from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, func
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.engine.url import make_url
 
 from kernel.errors import ConfigError
 from kernel.store.base import SqlStore, end_transaction
-from kernel.store.prepared import PreparedCache
 from kernel.store.sql import Tx
 
 
-def _upsert_max_stmt(spec: tuple[str, tuple[str, ...], tuple[str, ...], str]) -> Any:
-    """INSERT … ON CONFLICT (key) DO UPDATE SET column = max(column, excluded.column)."""
-    from sqlalchemy import bindparam, func
-
-    from kernel.store.tables import metadata
-
-    name, cols, key, column = spec
-    table = metadata.tables[name]
-    stmt = sqlite_insert(table).values({c: bindparam(c) for c in cols})
-    return stmt.on_conflict_do_update(
-        index_elements=list(key), set_={column: func.max(table.c[column], stmt.excluded[column])}
-    )
-
-
-_UPSERT_MAX = PreparedCache(_upsert_max_stmt)
-
 class SqliteStore(SqlStore):
     dialect = "sqlite"
+    insert = staticmethod(sqlite_insert)
+    greatest = func.max
 
     def __init__(self, url: str, *, synchronous: str = "full", busy_timeout_ms: int = 5000):
         parsed = make_url(url)
@@ -168,10 +153,6 @@ class SqliteStore(SqlStore):
         )
         conn.execute(stmt)
 
-    def upsert_max(
-        self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
-    ) -> None:
-        _UPSERT_MAX.get((table.name, tuple(values), tuple(key), column)).run(conn, values)
 
     def close(self) -> None:
         super().close()
