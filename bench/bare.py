@@ -1,7 +1,7 @@
 """The ceiling: a bare FastAPI app with the two agent endpoints' request shape and nothing else.
 
 Same paths, same POST JSON bodies in, similar JSON out (compact, newline-terminated, as the
-kernel renders), served by uvicorn with exactly the settings `regent serve` uses (kernel/cli.py:
+kernel renders), served by uvicorn with exactly the settings `regent serve` uses (kernel/cli/server.py:
 `_serve`), so the only difference from the kernel is the kernel's own work: signature check,
 validation, canonical JSON, the store transaction and the hop to the lane thread.
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
-    # As kernel/cli.py `_listen` and `_serve`: bind first, then the same uvicorn.Config.
+    # As kernel/cli/server.py `_listen` and `_serve`: bind first, then the same uvicorn.Config.
     sock = socket.create_server((args.host, args.port), family=socket.AF_INET, backlog=2048)
     server = uvicorn.Server(uvicorn.Config(
         create_bare_app(), host=args.host, port=args.port, log_level=args.log_level, access_log=False,

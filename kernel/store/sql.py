@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
@@ -24,6 +24,7 @@ from kernel.domain import (
 )
 from kernel.store import codec
 from kernel.store import tables as t
+from kernel.store.dialect import Dialect
 from kernel.store.sql_dispatch import DispatchQueries
 from kernel.store.statements import (
     ACTIVE_POLICY_REF,
@@ -54,14 +55,11 @@ from kernel.store.statements import (
     SRow,
 )
 
-if TYPE_CHECKING:
-    from kernel.store.base import SqlStore
-
 
 class Tx(DispatchQueries):
     """One open transaction. Every method is a single round trip or a small batch."""
 
-    def __init__(self, store: SqlStore, conn: Connection, escalate: Callable[[], Connection] | None = None):
+    def __init__(self, store: Dialect, conn: Connection, escalate: Callable[[], Connection] | None = None):
         self.store = store
         self._conn = conn
         self._escalate = escalate

@@ -13,15 +13,13 @@ from sqlalchemy.engine import Connection
 from kernel.domain import Approval, Dispatch, DispatchStatus
 from kernel.store import codec
 from kernel.store import tables as t
+from kernel.store.dialect import Dialect
 from kernel.store.statements import GET_DISPATCH, PENDING_APPROVAL, RENEW_LEASE
-
-if TYPE_CHECKING:
-    from kernel.store.base import SqlStore
 
 
 class DispatchQueries:
-    if TYPE_CHECKING:
-        store: SqlStore
+    if TYPE_CHECKING:  # supplied by Tx
+        store: Dialect
 
         @property
         def conn(self) -> Connection: ...

@@ -38,7 +38,7 @@ def _engine() -> Any:
 
 def cmd_test(args: argparse.Namespace) -> int:
     if args.execution or args.last is not None:
-        from kernel.cli_policy_replay import run_replay
+        from kernel.cli.policy_replay import run_replay
 
         return run_replay(args)
     engine = _engine()
@@ -302,7 +302,7 @@ def add_commands(sub: Any) -> None:
     t.add_argument("-r", "--run", help="only cases whose name (or target) matches this regex")
     t.add_argument("--fail-on-empty", action="store_true")
     t.add_argument("--threshold", type=float, default=None, help="fail (exit 2) when rule coverage is below N percent")
-    from kernel.cli_policy_replay import add_replay_arguments
+    from kernel.cli.policy_replay import add_replay_arguments
 
     add_replay_arguments(t)
     t.set_defaults(fn=cmd_test)

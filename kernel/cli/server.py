@@ -1,34 +1,14 @@
-"""`regent serve | dev | migrate | bench | policy …`: parses flags, reads the environment once,
-renders results and picks exit codes. Library code never prints."""
+"""`regent dev | serve`: bind first, build the runtime, serve with uvicorn, stop on a signal."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import socket
-import sys
-from collections.abc import Sequence
 
-from pydantic import ValidationError as SettingsError
-from rich.console import Console
-
+from kernel.cli.common import console, settings_from
 from kernel.config import Settings
 from kernel.errors import ConfigError
-
-console = Console(stderr=True, soft_wrap=True)  # no hard wraps: log collectors read whole lines
-
-
-def _settings(args: argparse.Namespace, **forced: object) -> Settings:
-    overrides = {k: v for k, v in forced.items() if v is not None}
-    for name in ("db_url", "host", "port", "config"):
-        value = getattr(args, name, None)
-        if value is not None:
-            overrides[name] = value
-    try:
-        return Settings(**overrides)  # type: ignore[arg-type]
-    except SettingsError as exc:
-        raise ConfigError(f"invalid settings: {exc}") from None
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -106,12 +86,12 @@ def cmd_dev(args: argparse.Namespace) -> int:
     config = args.config or os.environ.get("REGENT_CONFIG")
     if config is None and os.path.exists("bundles/regent.yaml"):
         config = "bundles/regent.yaml"
-    settings = _settings(args, dev=True, db_url=db, config=config)
+    settings = settings_from(args, dev=True, db_url=db, config=config)
     return _serve(settings)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_from(args)
     missing = []
     if not settings.db_url:
         missing.append("a database URL (--db-url or REGENT_DB_URL)")
@@ -122,43 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _serve(settings)
 
 
-def cmd_migrate(args: argparse.Namespace) -> int:
-    from kernel.store import open_store
-    from kernel.store.migrations import LATEST, migrate
-
-    settings = _settings(args)
-    if not settings.db_url:
-        raise ConfigError("regent migrate needs --db-url or REGENT_DB_URL")
-    store = open_store(settings.db_url)
-    try:
-        applied = migrate(store)
-    finally:
-        store.close()
-    for m in applied:
-        console.print(f"applied {m.version:03d} {m.name}")
-    console.print(f"schema at version {LATEST}")
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    # bench/ lives beside kernel/ in the source checkout and is not installed with the package:
-    # the console script's sys.path has neither the checkout nor the working directory on it.
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "bench" / "run.py").is_file():
-        raise ConfigError("regent bench needs the source checkout (bench/ is not part of the installed package)")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    from bench.run import main as bench_main  # type: ignore[import-not-found]
-
-    return int(bench_main(args.rest))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="regent", description="A policy-engine-centric durable kernel for AI agents.")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     def server_flags(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--db-url", dest="db_url", help="sqlite:///path or postgresql://… (REGENT_DB_URL)")
         sp.add_argument("--host", help="listen address (REGENT_HOST, default 127.0.0.1)")
@@ -171,37 +115,3 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("serve", help="production server: needs a database URL and REGENT_BEARER_TOKEN")
     server_flags(sp)
     sp.set_defaults(fn=cmd_serve)
-    sp = sub.add_parser("migrate", help="apply pending schema migrations")
-    sp.add_argument("--db-url", dest="db_url")
-    sp.set_defaults(fn=cmd_migrate)
-    # Every bench flag (--quick, --help, …) belongs to bench/run.py's own parser: no prefix here,
-    # or argparse would reject `regent bench --quick` before REMAINDER could collect it.
-    sp = sub.add_parser("bench", help="run the benchmarks (bench/), printing ratios side by side",
-                        prefix_chars="\x00", add_help=False)
-    sp.add_argument("rest", nargs=argparse.REMAINDER)
-    sp.set_defaults(fn=cmd_bench)
-    from kernel.cli_policy import add_commands
-
-    add_commands(sub)
-    from kernel.gateway.cli import add_command as add_gateway
-
-    add_gateway(sub)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("REGENT_LOG_LEVEL", "INFO").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per webhook otherwise
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.fn(args))
-    except ConfigError as exc:
-        console.print(f"[red]regent: {exc.message}[/]")
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -18,7 +18,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     sp = sub.add_parser("gateway", help="OpenAI-compatible proxy recording LLM calls as llm_call steps")
     sp.add_argument("--upstream", required=True, help="provider base URL replacing /v1, e.g. https://api.openai.com/v1")
     sp.add_argument("--kernel", help="kernel URL (REGENT_KERNEL_URL, default http://127.0.0.1:8080)")

@@ -1,0 +1,7 @@
+"""`python -m kernel.cli` is the `regent` console script."""
+
+import sys
+
+from kernel.cli import main
+
+sys.exit(main())
