@@ -61,8 +61,20 @@ def _claim_with_agents(k: Kernel, limit: int) -> list[tuple[Claim, Agent | None]
     claims = claim_due(k, limit)
     if not claims:
         return []
-    with k.store.read() as tx:
-        return [(c, tx.get_agent(c.agent_id)) for c in claims]
+    try:
+        with k.store.read() as tx:
+            return [(c, tx.get_agent(c.agent_id)) for c in claims]
+    except Exception:
+        log.exception("reading the agents of %d claimed dispatches failed; reading them one by one", len(claims))
+    out: list[tuple[Claim, Agent | None]] = []
+    for c in claims:  # an unreadable agent row fails its own delivery, not the whole batch
+        try:
+            with k.store.read() as tx:
+                out.append((c, tx.get_agent(c.agent_id)))
+        except Exception:
+            log.exception("reading agent %r for dispatch %s failed", c.agent_id, c.dispatch_id)
+            out.append((c, None))
+    return out
 
 
 class Dispatcher:

@@ -17,7 +17,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from kernel.core.agents import MIN_LEASE_SECONDS, register_agent, validate_agent_fields
-from kernel.core.kernel import Kernel
+from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
 from kernel.errors import ConfigError
 from kernel.errors import ValidationError as FieldError
 
@@ -187,6 +187,8 @@ class _Parser:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise self.fail(node, f"agent {agent_id!r}: `lease_timeout_seconds` must be a whole number of seconds")
+        if value > MAX_LEASE_SECONDS:
+            raise self.fail(node, f"agent {agent_id!r}: `lease_timeout_seconds` must be at most {MAX_LEASE_SECONDS}")
         if 0 < value < MIN_LEASE_SECONDS:
             # Rebuno's registration rule: below the minimum is ignored (the kernel default applies).
             self.warnings.append(

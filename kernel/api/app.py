@@ -48,7 +48,7 @@ def create_app(
         signature_window_seconds=signature_window_seconds,
     )
     app.state.metrics_registry = registry or CollectorRegistry()
-    app.state.metrics = ApiMetrics(app.state.metrics_registry)
+    app.state.metrics = ApiMetrics(app.state.metrics_registry, kernel)
     errors.install(app)
     # The routes go straight onto the app's router, the agent's hot routes first: `include_router`
     # keeps each router nested and matches every request against it twice (measured: a third of

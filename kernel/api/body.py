@@ -46,13 +46,32 @@ class _Number(str):
     __slots__ = ()
 
 
+# Python's own bound on int <-> str conversion (sys.get_int_max_str_digits); a longer integer
+# could not be stored or answered, so it is refused at parse time, lexical or not.
+MAX_INT_DIGITS = 4300
+
+
+def _int(text: str) -> int:
+    _check_digits(text)
+    return int(text)
+
+
+def _int_lexeme(text: str) -> _Number:
+    _check_digits(text)
+    return _Number(text)
+
+
+def _check_digits(text: str) -> None:
+    if len(text) > MAX_INT_DIGITS and len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValidationError(f"validation error: an integer has more than {MAX_INT_DIGITS} digits")
+
+
 def loads_json(raw: bytes, *, lexical: bool = False) -> Any:
     if not raw.strip():
         raise ValidationError("validation error: empty body")
     try:
         text = raw.decode("utf-8")
-        decoder = (json.JSONDecoder(parse_int=_Number, parse_float=_Number, parse_constant=_no_constant)
-                   if lexical else _DECODER)
+        decoder = _LEXICAL if lexical else _DECODER
         # Only the first JSON value is read (as Rebuno does); trailing bytes are rejected below
         # unless they are whitespace — Regent chooses the stricter reading (docs/api.md).
         value, end = decoder.raw_decode(text.lstrip())
@@ -76,7 +95,8 @@ def _finite(text: str) -> float:
     return value
 
 
-_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite, parse_int=_int)
+_LEXICAL = json.JSONDecoder(parse_int=_int_lexeme, parse_float=_Number, parse_constant=_no_constant)
 
 
 def dumps_lexical(value: Any) -> str:

@@ -13,10 +13,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kernel.api import threads
+from kernel.core.kernel import Kernel
 
 
 class ApiMetrics:
-    def __init__(self, registry: CollectorRegistry):
+    def __init__(self, registry: CollectorRegistry, kernel: Kernel | None = None):
         self.registry = registry
         self.step_decisions = Counter(
             "regent_step_decisions",
@@ -38,6 +39,8 @@ class ApiMetrics:
             registry=registry,
         )
         registry.register(_LaneCollector())
+        if kernel is not None:
+            registry.register(_KernelCollector(kernel))
 
     def decision(self, kind: str, decision: str) -> None:
         self.step_decisions.labels(kind, decision).inc()
@@ -60,3 +63,15 @@ class _LaneCollector(Collector):
                                 value=lane.queued())
         yield CounterMetricFamily("regent_lane_spilled", "Use cases handed to the overflow pool because "
                                   "every lane thread was on a slow call.", value=lane.spilled)
+
+
+class _KernelCollector(Collector):
+    """The kernel's own counters, read at scrape time."""
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("regent_dispatch_claims_skipped", "Dispatch claims that raised and were "
+                                  "skipped (logged; the row's next attempt moved back).",
+                                  value=self.kernel.dispatch_claims_skipped)

@@ -4,11 +4,25 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from kernel.core.kernel import Kernel
+from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
 from kernel.domain import Agent
 from kernel.errors import Conflict, NotFound, ValidationError
 
 MIN_LEASE_SECONDS = 10
+
+
+def validate_lease(lease_timeout_seconds: int | None) -> int | None:
+    """The lease to store: None (kernel default) for unset, 0 and values below the minimum (as
+    Rebuno does); 400 for negative values and values over MAX_LEASE_SECONDS."""
+    if lease_timeout_seconds is None:
+        return None
+    if isinstance(lease_timeout_seconds, bool) or not isinstance(lease_timeout_seconds, int):
+        raise ValidationError("validation error: lease_timeout_seconds must be a whole number of seconds")
+    if not 0 <= lease_timeout_seconds <= MAX_LEASE_SECONDS:
+        raise ValidationError(
+            f"validation error: lease_timeout_seconds must be 0-{MAX_LEASE_SECONDS} "
+            f"(values below {MIN_LEASE_SECONDS} mean the kernel default)")
+    return lease_timeout_seconds if lease_timeout_seconds >= MIN_LEASE_SECONDS else None
 
 
 def validate_agent_fields(agent_id: str, webhook_url: str, secret: str) -> None:
@@ -28,7 +42,7 @@ def register_agent(
     """Upsert an agent: a full replace that resets `registered_at` and (unless `keep_policy`,
     used by the manifest) clears its policy, as Rebuno's registration does."""
     validate_agent_fields(agent_id, webhook_url, secret)
-    lease = lease_timeout_seconds if lease_timeout_seconds and lease_timeout_seconds >= MIN_LEASE_SECONDS else None
+    lease = validate_lease(lease_timeout_seconds)
     now = k.clock.now()
     with k.store.transaction() as tx:
         created = tx.get_agent(agent_id) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -11,6 +12,8 @@ from kernel.domain import Dispatch, DispatchStatus, EventType, ExecutionStatus
 from kernel.errors import LeaseSuperseded
 from kernel.identity import new_uuid7
 from kernel.store import Tx
+
+log = logging.getLogger("kernel.dispatch")
 
 
 def enqueue(k: Kernel, tx: Tx, execution_id: str, now: datetime, due: datetime | None = None) -> tuple[Dispatch, ev.Ev]:
@@ -44,16 +47,51 @@ class Claim:
 
 
 def claim_due(k: Kernel, limit: int) -> list[Claim]:
-    """Claim up to `limit` due dispatches for this replica (clears occurrence counters)."""
+    """Claim up to `limit` due dispatches for this replica (clears occurrence counters).
+
+    A row whose claim raises (a value the store holds but the claim cannot use) is skipped and
+    reported, and moved back in the queue, so one bad row never stops delivery for the others.
+    """
     now = k.clock.now()
     with k.store.transaction() as tx:
         ids = tx.due_dispatch_ids(now, limit)
     claims = []
     for did in ids:
-        c = claim_one(k, did)
+        try:
+            c = claim_one(k, did)
+        except Exception as exc:
+            skip_poisoned(k, did, exc)
+            continue
         if c is not None:
             claims.append(c)
     return claims
+
+
+def skip_poisoned(k: Kernel, dispatch_id: str, exc: Exception) -> None:
+    """A claim of `dispatch_id` raised: log it, count it, and push the row's next attempt back by
+    REGENT_DISPATCH_MAX_DELAY (its attempt counts, so a row that keeps failing is exhausted like an
+    unanswered webhook). Raises when the row cannot be touched either: that is the store failing,
+    and the dispatch loop's own backoff applies."""
+    now = k.clock.now()
+    detail = f"claim failed: {type(exc).__name__}"
+    with k.store.transaction() as tx:
+        row = tx.defer_dispatch(dispatch_id, now, k.dispatch_max_delay)
+    if row is None:
+        return
+    execution_id, attempt, max_attempts = row
+    k.dispatch_claims_skipped += 1
+    log.error("claiming dispatch %s (execution %s, attempt %d) failed; skipped", dispatch_id, execution_id,
+              attempt, exc_info=exc)
+    try:
+        with k.store.transaction(lock=execution_id) as tx:
+            if attempt >= max_attempts:
+                _fail_exhausted(tx, execution_id, now)
+            else:
+                tx.append(execution_id, now, [ev.dispatch(EventType.DISPATCH_FAILED, dispatch_id, execution_id,
+                                                          "failed", attempt, error=detail)])
+    except Exception:
+        # The audit event (or the exhaustion) could not be written either; the row stays deferred.
+        log.exception("recording the skipped claim of dispatch %s failed", dispatch_id)
 
 
 def claim_one(k: Kernel, dispatch_id: str) -> Claim | None:

@@ -12,6 +12,11 @@ from kernel.clock import Clock, SystemClock
 from kernel.core.ports import Limiter, NoLimiter, PermissiveResolver, PolicyResolver
 from kernel.store import SqlStore
 
+# The longest lease an agent may ask for (one day). A lease is a crash-detection period (a longer
+# one only hides a dead agent), and the bound keeps `timedelta` and the integer lease_ms column
+# safe: the API refuses more, and a claim clamps any larger value a store still holds.
+MAX_LEASE_SECONDS = 86_400
+
 
 class SecretCache:
     """agent id → secret, kept `ttl` seconds: the signature check's one store read per agent.
@@ -63,6 +68,8 @@ class Kernel:
     rng: random.Random = field(default_factory=random.Random)
     agent_cache_ttl: float = 1.0
     secrets: SecretCache = field(default_factory=SecretCache)
+    # Dispatch claims that raised and were skipped (kernel/core/dispatch.py); /metrics shows it.
+    dispatch_claims_skipped: int = 0
 
     def __post_init__(self) -> None:
         self.secrets.ttl = self.agent_cache_ttl
@@ -73,4 +80,5 @@ class Kernel:
         return timedelta(seconds=base + self.rng.uniform(0, 0.25 * base))
 
     def lease_seconds(self, agent_lease: int | None) -> float:
-        return float(agent_lease) if agent_lease else self.dispatch_lease_timeout
+        lease = float(agent_lease) if agent_lease and agent_lease > 0 else self.dispatch_lease_timeout
+        return min(lease, MAX_LEASE_SECONDS)

@@ -4,7 +4,7 @@ sweeps and the admin API. Mixed into `Tx` (sql.py), which supplies `store`, `con
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, insert, select, update
@@ -82,6 +82,20 @@ class DispatchQueries:
             .values(updated_at=now, **values)
         )
         return res.rowcount > 0
+
+    def defer_dispatch(self, dispatch_id: str, now: datetime, delay: float) -> tuple[str, int, int] | None:
+        """Count a failed claim on a row and move its next attempt `delay` seconds on, reading only
+        plain columns (the row may hold what the codec cannot decode): (execution id, attempt,
+        max attempts), or None when the row is gone."""
+        c = t.dispatches.c
+        self.w.execute(
+            update(t.dispatches).where(c.id == dispatch_id).values(
+                status=DispatchStatus.FAILED.value, attempt=c.attempt + 1, locked_by=None, locked_at=None,
+                next_attempt_at=now + timedelta(seconds=delay), updated_at=now,
+            )
+        )
+        row = self.w.execute(select(c.execution_id, c.attempt, c.max_attempts).where(c.id == dispatch_id)).first()
+        return (str(row[0]), int(row[1]), int(row[2])) if row else None
 
     def clear_counters(self, dispatch_id: str) -> None:
         self.w.execute(
