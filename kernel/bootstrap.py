@@ -120,6 +120,9 @@ def build_runtime(settings: Settings) -> Runtime:
         dev=settings.dev,
         max_body_bytes=settings.max_body_bytes,
         signature_window_seconds=settings.signature_window_seconds,
+        console_session_key=(settings.console_session_key.get_secret_value().encode()
+                             if settings.console_session_key else None),
+        console_session_ttl_seconds=settings.console_session_ttl,
         lifespan_hooks=stream_hooks(settings, store) + background_hooks(settings, kernel),
     )
     app.state.stream_keepalive_seconds = settings.stream_keepalive_seconds

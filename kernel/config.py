@@ -53,6 +53,7 @@ _DURATIONS = (
     "retention",
     "rego_timeout",
     "agent_cache_ttl",
+    "console_session_ttl",
 )
 
 
@@ -109,6 +110,11 @@ class Settings(BaseSettings):
 
     # Rate limits
     rate_limit_storage: str = "memory://"
+
+    # Console (/console): the key that signs session cookies (unset: a new one per process, so a
+    # restart signs everyone out and replicas do not share sessions) and how long a session lasts
+    console_session_key: SecretStr | None = None
+    console_session_ttl: float = 8 * 3600.0
 
     @field_validator(*_DURATIONS, mode="before")
     @classmethod

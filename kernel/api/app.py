@@ -25,6 +25,8 @@ def create_app(
     signature_window_seconds: int = 300,
     lifespan_hooks: list[Callable[[FastAPI], Any]] | None = None,
     registry: CollectorRegistry | None = None,
+    console_session_key: bytes | None = None,
+    console_session_ttl_seconds: float = 8 * 3600,
 ) -> FastAPI:
     hooks = lifespan_hooks or []
 
@@ -56,4 +58,8 @@ def create_app(
     # decides nothing but speed.
     for r in (agent.router, stream.router, client.router, admin.router, policies.router, ops.router):
         app.router.routes.extend(r.routes)
+    from kernel import console
+
+    console.install(app, dev=dev, bearer_token=bearer_token, session_key=console_session_key,
+                    session_ttl_seconds=console_session_ttl_seconds)
     return app

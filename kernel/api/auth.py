@@ -70,14 +70,19 @@ class Authenticator:
             raise Unauthorized()
         if not header.startswith("Bearer ") or len(header) <= 7:
             raise Unauthorized()
-        token = header[7:]
-        if self._token is not None and hmac.compare_digest(token.encode(), self._token):
-            principal = Principal(admin=True)
-        else:
-            principal = self._api_key(token)
+        principal = self.token_principal(header[7:])
         if not principal.has(*scopes):
             raise Forbidden(f"forbidden: missing scope {' '.join(scopes)}")
         return principal
+
+    def is_bootstrap(self, token: str) -> bool:
+        return self._token is not None and hmac.compare_digest(token.encode(), self._token)
+
+    def token_principal(self, token: str) -> Principal:
+        """The bootstrap token or an API key → its principal; Unauthorized otherwise."""
+        if self.is_bootstrap(token):
+            return Principal(admin=True)
+        return self._api_key(token)
 
     def _api_key(self, token: str) -> Principal:
         # rbk_<uuid>.<43 chars>; only SHA-256(token) is stored.

@@ -265,29 +265,15 @@ def _eval(args: argparse.Namespace, engine: Any) -> int:
         err.print("[red]--args must be a JSON object[/]")
         return 1
     inp = PolicyInput(agent_id=args.agent_id or "", kind=args.kind, target=args.target, args=parsed)
-    printed = None
-    if args.explain and bundle.kind != "yaml":
-        d, printed = bundle.compiled.engine.explain(bundle.compiled.bundle, inp)
-    else:
-        d = bundle.compiled.evaluate(inp)
-    out.print(f"  {d.verdict.value}  {d.rule_id}" + (f"  {d.reason}" if d.reason else ""))
-    if args.explain and bundle.kind == "yaml":
-        for tr in bundle.compiled.explain(inp):
-            mark = "→" if tr.selected else ("✓" if tr.matched else "✗")
-            why = "" if tr.matched else f"  ({tr.failed} did not match)"
-            out.print(f"    {mark} {tr.rule_id} (line {tr.line}){why}")
-    elif args.explain:
-        from kernel.policy.rego import input_document
+    if args.explain:
+        from kernel.core.playground import explain
 
-        out.print(f"    entrypoint data.{bundle.compiled.bundle.entrypoint.replace('/', '.')}")
-        out.print(f"    input {json.dumps(input_document(inp), sort_keys=True)}")
-        doc = {"decision": d.verdict.value, "rule_id": d.rule_id, "reason": d.reason,
-               "approval": str(d.approval) if d.approval else None, "revision": d.policy_revision}
-        out.print(f"    decision document (as the kernel reads it): {json.dumps(doc)}")
-        lines = (printed or "").splitlines()
-        out.print(f"    print lines ({len(lines)}):" if lines else "    print lines: none")
-        for line in lines:
-            out.print(f"      {line}", markup=False, highlight=False)
+        d, lines = explain(bundle.compiled, inp)
+    else:
+        d, lines = bundle.compiled.evaluate(inp), []
+    out.print(f"  {d.verdict.value}  {d.rule_id}" + (f"  {d.reason}" if d.reason else ""))
+    for line in lines:
+        out.print(f"    {line}", markup=False, highlight=False)
     return 0
 
 

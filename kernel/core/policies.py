@@ -26,6 +26,18 @@ def _to_revision(row: Any) -> PolicyRevision:
                           row.created_at)
 
 
+def rego_content(mapping_or_bundle: Any) -> str:
+    """What is stored for a Rego bundle (a parsed bundle or its {modules, data, manifest}
+    mapping): the canonical JSON of that mapping."""
+    import json
+
+    from kernel.policy.rego import parse_rego_bundle
+
+    b = mapping_or_bundle if hasattr(mapping_or_bundle, "modules") else parse_rego_bundle(mapping_or_bundle)
+    return json.dumps({"modules": dict(b.modules), "data": b.data, "manifest": b.manifest},
+                      sort_keys=True, ensure_ascii=False)
+
+
 def store_policy(k: Kernel, agent_id: str, kind: str, content: str) -> PolicyRevision | None:
     """Validate and store a new active revision. Empty YAML text clears the policy (permissive)."""
     with k.store.read() as tx:

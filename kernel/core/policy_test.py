@@ -61,7 +61,7 @@ def compiled(k: Kernel, c: Candidate) -> Iterator[CompiledBundle]:
             own.close()
 
 
-def _candidate(k: Kernel, tx: Tx, agent_id: str, given: Candidate | None) -> Candidate:
+def candidate_for(k: Kernel, tx: Tx, agent_id: str, given: Candidate | None) -> Candidate:
     if tx.get_agent(agent_id) is None:
         raise NotFound(f"test policy: agent {agent_id!r} not found")
     if given is not None:
@@ -127,7 +127,7 @@ def recorded_steps(tx: Tx, execution_id: str, agent_id: str, limit: int = MAX_RE
 
 def replay_execution(k: Kernel, agent_id: str, execution_id: str, candidate: Candidate | None) -> ReplayReport:
     with k.store.read() as tx:
-        c = _candidate(k, tx, agent_id, candidate)
+        c = candidate_for(k, tx, agent_id, candidate)
         steps, truncated = recorded_steps(tx, execution_id, agent_id)
     with compiled(k, c) as bundle:
         return replay(bundle, steps, truncated=truncated)
@@ -136,7 +136,7 @@ def replay_execution(k: Kernel, agent_id: str, execution_id: str, candidate: Can
 def run_test_cases(k: Kernel, agent_id: str, cases_text: str, candidate: Candidate | None) -> tuple[Report, tuple[str, ...]]:
     """Cases (YAML/JSON text of a case file's `cases`) against the candidate; (report, rule ids)."""
     with k.store.read() as tx:
-        c = _candidate(k, tx, agent_id, candidate)
+        c = candidate_for(k, tx, agent_id, candidate)
     cases = parse_cases(cases_text, source="cases", default_agent=agent_id)
     with compiled(k, c) as bundle:
         rule_ids = tuple(getattr(bundle, "rule_ids", ()) or ())

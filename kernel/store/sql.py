@@ -252,7 +252,8 @@ class Tx(DispatchQueries):
         )
 
     def list_executions(
-        self, agent_id: str | None, status: str | None, cursor: str | None, limit: int
+        self, agent_id: str | None, status: str | None, cursor: str | None, limit: int,
+        created_from: datetime | None = None, created_to: datetime | None = None,
     ) -> list[Execution]:
         q = select(t.executions)
         if agent_id is not None:
@@ -261,8 +262,18 @@ class Tx(DispatchQueries):
             q = q.where(t.executions.c.status == status)
         if cursor is not None:
             q = q.where(t.executions.c.id < cursor)
+        if created_from is not None:
+            q = q.where(t.executions.c.created_at >= created_from)
+        if created_to is not None:
+            q = q.where(t.executions.c.created_at < created_to)
         q = q.order_by(t.executions.c.id.desc()).limit(limit)
         return [codec.to_execution(r) for r in self.conn.execute(q).all()]
+
+    def count_executions_by_status(self, agent_id: str | None) -> dict[str, int]:
+        q = select(t.executions.c.status, func.count()).group_by(t.executions.c.status)
+        if agent_id is not None:
+            q = q.where(t.executions.c.agent_id == agent_id)
+        return {str(status): int(n) for status, n in self.conn.execute(q).all()}
 
     def set_execution(self, execution_id: str, now: datetime, **values: Any) -> None:
         if "output" in values:
@@ -344,6 +355,10 @@ class Tx(DispatchQueries):
             .limit(limit)
         )
         return [codec.to_event(r) for r in self.conn.execute(q).all()]
+
+    def last_event_seq(self, execution_id: str) -> int:
+        q = select(t.executions.c.last_event_seq).where(t.executions.c.id == execution_id)
+        return int(self.conn.execute(q).scalar() or 0)
 
     def count_events(self, execution_id: str, type_: str) -> int:
         return int(COUNT_EVENTS.scalar(self.conn, {"execution_id": execution_id, "type": type_}) or 0)

@@ -32,13 +32,7 @@ class StoreBody(Strict):
 _TARBALL_TYPES = ("application/gzip", "application/x-gzip", "application/x-tar", "application/octet-stream")
 
 
-def _rego_content(mapping_or_bundle: Any) -> str:
-    """Stored Rego content: the canonical JSON mapping of the bundle."""
-    from kernel.policy.rego import parse_rego_bundle
-
-    b = mapping_or_bundle if hasattr(mapping_or_bundle, "modules") else parse_rego_bundle(mapping_or_bundle)
-    return json.dumps({"modules": dict(b.modules), "data": b.data, "manifest": b.manifest},
-                      sort_keys=True, ensure_ascii=False)
+_rego_content = policies.rego_content
 
 
 def _json(r: PolicyRevision, with_content: bool = True) -> dict[str, Any]:

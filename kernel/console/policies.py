@@ -1,0 +1,146 @@
+"""Policies: per agent, the active bundle's source with line numbers, its revision history with a
+diff between two revisions, re-activation, and upload through the load gate."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.datastructures import UploadFile
+from starlette.responses import Response
+
+from kernel.api.threads import call
+from kernel.console.web import ConsoleRoute, form, kernel_of, page, redirect, require, viewer
+from kernel.core import agents, policies
+from kernel.core.policies import PolicyRevision
+from kernel.errors import NotFound, ValidationError
+
+router = APIRouter(route_class=ConsoleRoute)
+_LINE = re.compile(r"\bline (\d+)(?::(\d+))?: ")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    name: str
+    lines: list[str]
+
+
+def source_files(r: PolicyRevision) -> list[SourceFile]:
+    """The files of a revision as a reader sees them: the YAML text, or each Rego module, then
+    data.json and the manifest."""
+    if r.kind != "rego":
+        return [SourceFile("bundle.yaml", r.content.splitlines())]
+    b = json.loads(r.content)
+    out = [SourceFile(path, str(src).splitlines()) for path, src in sorted((b.get("modules") or {}).items())]
+    out.append(SourceFile("data.json", json.dumps(b.get("data") or {}, indent=2, sort_keys=True).splitlines()))
+    out.append(SourceFile(".manifest", json.dumps(b.get("manifest") or {}, indent=2, sort_keys=True).splitlines()))
+    return out
+
+
+def diff(old: PolicyRevision, new: PolicyRevision) -> list[str]:
+    a = [f"{f.name}: {line}" if old.kind == "rego" else line for f in source_files(old) for line in f.lines]
+    b = [f"{f.name}: {line}" if new.kind == "rego" else line for f in source_files(new) for line in f.lines]
+    return list(difflib.unified_diff(a, b, f"revision {old.seq}", f"revision {new.seq}", lineterm="", n=3))
+
+
+def gate_errors(message: str, filename: str) -> list[str]:
+    """The load gate's message as one `file:line: problem` per line (YAML messages say
+    `line N:` without the file, which is the uploaded one)."""
+    text = message.removeprefix("validation error: ").removeprefix("invalid policy bundle: ")
+    out = []
+    for line in text.splitlines() or [text]:
+        m = _LINE.search(line)
+        if m and not re.search(r"\S+:\d+", line[: m.start()]):
+            where = f"{filename}:{m.group(1)}" + (f":{m.group(2)}" if m.group(2) else "")
+            line = f"{where}: {line[: m.start()]}{line[m.end():]}"
+        out.append(line.strip())
+    return out
+
+
+def _overview(k: Any, agent_id: str | None) -> dict[str, Any]:
+    known = [a.id for a in agents.list_agents(k)]
+    chosen = agent_id or (known[0] if known else None)
+    if chosen is not None and chosen not in known:
+        raise NotFound(f"agent {chosen!r} not found")
+    revisions = policies.list_revisions(k, chosen) if chosen else []
+    active = next((r for r in revisions if r.active), None)
+    return {"agents": known, "agent_id": chosen, "revisions": list(reversed(revisions)), "active": active}
+
+
+async def _page(request: Request, agent_id: str | None, status: int = 200, **extra: Any) -> Response:
+    v = await viewer(request)
+    require(v, "policies:write")
+    ctx = await call(_overview, kernel_of(request), agent_id)
+    q = request.query_params
+    changes: list[str] | None = None
+    by_seq = {r.seq: r for r in ctx["revisions"]}
+    if q.get("from", "").isdigit() and q.get("to", "").isdigit():
+        old, new = by_seq.get(int(q["from"])), by_seq.get(int(q["to"]))
+        if old is None or new is None:
+            raise NotFound("no such revision to compare")
+        changes = diff(old, new)
+    files = source_files(ctx["active"]) if ctx["active"] else []
+    notice = ""
+    if q.get("stored", "").isdigit():
+        notice = f"Stored revision #{q['stored']}; it is active now."
+    elif q.get("activated", "").isdigit():
+        notice = f"Revision #{q['activated']} is active again."
+    extra.setdefault("errors", [])
+    extra.setdefault("uploaded", "")
+    extra.setdefault("draft", "")
+    return page(request, v, "policies.html", status=status, section="policies", files=files, changes=changes,
+                compare=(q.get("from", ""), q.get("to", "")), notice=notice, **ctx, **extra)
+
+
+@router.get("/console/policies")
+async def policies_page(request: Request) -> Response:
+    return await _page(request, request.query_params.get("agent_id") or None)
+
+
+def _upload(k: Any, agent_id: str, kind: str, text: str, raw: bytes | None, filename: str) -> PolicyRevision | None:
+    if raw is not None and (filename.endswith((".tar.gz", ".tgz", ".tar")) or raw[:2] == b"\x1f\x8b"):
+        from kernel.policy.rego import parse_rego_tarball
+
+        return policies.store_policy(k, agent_id, "rego", policies.rego_content(parse_rego_tarball(raw, origin=filename)))
+    if raw is not None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValidationError(f"validation error: {filename} is neither UTF-8 YAML nor a .tar.gz bundle") from None
+    if kind != "yaml":
+        raise ValidationError("validation error: a Rego bundle is uploaded as a .tar.gz file")
+    if not text.strip():
+        raise ValidationError("validation error: the bundle is empty (paste YAML or choose a file)")
+    return policies.store_policy(k, agent_id, "yaml", text)
+
+
+@router.post("/console/policies/{agent_id}")
+async def upload(agent_id: str, request: Request) -> Response:
+    v = await viewer(request)
+    fields = await form(request, v)
+    require(v, "policies:write")
+    text = str(fields.get("source") or "")
+    upload_file = fields.get("file")
+    raw, filename = None, "bundle.yaml"
+    if isinstance(upload_file, UploadFile) and upload_file.filename:
+        raw, filename = await upload_file.read(), upload_file.filename
+    try:
+        r = await call(_upload, kernel_of(request), agent_id, str(fields.get("kind") or "yaml"), text, raw, filename)
+    except ValidationError as exc:
+        return await _page(request, agent_id, status=400, errors=gate_errors(exc.message, filename),
+                           draft=text if raw is None else "")
+    seq = r.seq if r is not None else ""
+    return redirect(request, f"/console/policies?agent_id={agent_id}&stored={seq}")
+
+
+@router.post("/console/policies/{agent_id}/revisions/{seq}/activate")
+async def activate(agent_id: str, seq: int, request: Request) -> Response:
+    v = await viewer(request)
+    await form(request, v)
+    require(v, "policies:write")
+    await call(policies.activate_revision, kernel_of(request), agent_id, seq)
+    return redirect(request, f"/console/policies?agent_id={agent_id}&activated={seq}")

@@ -1,0 +1,204 @@
+"""What every console page shares: the templates (autoescaped), who is looking (the session
+cookie → a principal), scope and CSRF checks, and errors rendered as pages instead of JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import jinja2
+from fastapi.routing import APIRoute
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from kernel.api.errors import CODE_TO_STATUS
+from kernel.api.threads import call
+from kernel.console.session import ANONYMOUS, BOOTSTRAP, COOKIE, Session, Sessions, Viewer
+from kernel.core.approvals import Principal
+from kernel.core.kernel import Kernel
+from kernel.core.principals import key_principal
+from kernel.errors import Forbidden, RegentError, ValidationError
+
+HERE = Path(__file__).parent
+FORM_LIMIT = 2 * 1024 * 1024  # bytes of a console form (a bundle upload is the largest)
+SECURITY_HEADERS = {
+    # No inline script or style anywhere, so the policy can forbid both: an injected <script>
+    # would not run even if escaping failed somewhere.
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+}
+
+
+def _when(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True)
+
+
+def _compact(value: Any, limit: int = 120) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _duration(seconds: float) -> str:
+    s = int(abs(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+templates = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(HERE / "templates"),
+    autoescape=True,  # every value is escaped; args and results are attacker-controlled
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+templates.filters.update(when=_when, pretty=_pretty, compact=_compact, duration=_duration, urlquote=quote)
+
+
+class SignInRequired(Exception):
+    pass
+
+
+def console_of(request: Request) -> Any:
+    return request.app.state.console
+
+
+def kernel_of(request: Request) -> Kernel:
+    return request.app.state.kernel  # type: ignore[no-any-return]
+
+
+def _principal(request: Request, s: Session) -> tuple[Principal, str] | None:
+    c = console_of(request)
+    if s.who == ANONYMOUS:
+        return (Principal(admin=True), "dev (anonymous admin)") if c.dev else None
+    if s.who == BOOTSTRAP:
+        token = c.bearer_token
+        if token is None or not s.fingerprint or s.fingerprint != c.sessions.fingerprint(token):
+            return None
+        return Principal(admin=True), "bootstrap token"
+    p = key_principal(kernel_of(request), s.who)
+    return (p, p.name or "api key") if p is not None else None
+
+
+async def viewer(request: Request) -> Viewer:
+    """The signed-in visitor; under regent dev an anonymous admin session is made on first visit."""
+    sessions: Sessions = console_of(request).sessions
+    s = sessions.verify(request.cookies.get(COOKIE))
+    found = await call(_principal, request, s) if s is not None else None
+    if found is None or s is None:
+        if not console_of(request).dev:
+            raise SignInRequired()
+        s = sessions.issue(ANONYMOUS)
+        request.state.new_session = s
+        found = (Principal(admin=True), "dev (anonymous admin)")
+    principal, label = found
+    return Viewer(principal, label, sessions.csrf(s), signed_in=s.who != ANONYMOUS)
+
+
+def require(v: Viewer, *scopes: str, any_of: tuple[str, ...] = ()) -> None:
+    if scopes and not v.can(*scopes):
+        raise Forbidden(f"forbidden: this page needs the scope {' '.join(scopes)}")
+    if any_of and not any(v.can(s) for s in any_of):
+        raise Forbidden(f"forbidden: this page needs one of the scopes {', '.join(any_of)}")
+
+
+async def form(request: Request, v: Viewer) -> dict[str, Any]:
+    """A state-changing form's fields, after its CSRF token is checked (403 without it)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > FORM_LIMIT:
+        raise ValidationError("validation error: the form is over the size limit")
+    data = await request.form(max_part_size=FORM_LIMIT)
+    fields: dict[str, Any] = {}
+    for key, value in data.multi_items():
+        fields.setdefault(key, value)
+    if not console_of(request).sessions.csrf_ok(_session_of(request), fields.get("csrf")):
+        raise Forbidden("forbidden: the form's CSRF token is missing or wrong; reload the page and try again")
+    return fields
+
+
+def _session_of(request: Request) -> Session:
+    s = getattr(request.state, "new_session", None) or console_of(request).sessions.verify(request.cookies.get(COOKIE))
+    assert s is not None  # viewer() ran first
+    return s  # type: ignore[no-any-return]
+
+
+def nav(v: Viewer) -> list[tuple[str, str, str]]:
+    """(path, label, id) of the pages this visitor may open."""
+    items = [
+        ("/console/executions", "Executions", "executions", ("executions:read",)),
+        ("/console/policies", "Policies", "policies", ("policies:write",)),
+        ("/console/playground", "Playground", "playground", ("policies:write",)),
+    ]
+    return [(path, label, ident) for path, label, ident, scopes in items if v.can(*scopes)]
+
+
+def page(request: Request, v: Viewer | None, name: str, status: int = 200, **context: Any) -> Response:
+    html = templates.get_template(name).render(viewer=v, nav=nav(v) if v else [], request_path=request.url.path,
+                                               **context)
+    return finish(request, HTMLResponse(html, status_code=status))
+
+
+def fragment(request: Request, name: str, headers: dict[str, str] | None = None, **context: Any) -> Response:
+    html = templates.get_template(name).render(**context)
+    return finish(request, HTMLResponse(html, headers=headers))
+
+
+def finish(request: Request, response: Response) -> Response:
+    response.headers.update(SECURITY_HEADERS)
+    s = getattr(request.state, "new_session", None)
+    if s is not None:
+        set_cookie(request, response, console_of(request).sessions, s)
+    return response
+
+
+def set_cookie(request: Request, response: Response, sessions: Sessions, s: Session) -> None:
+    response.set_cookie(COOKIE, sessions.encode(s), max_age=max(int(s.expires - datetime.now(UTC).timestamp()), 0),
+                        path="/console", httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+
+
+def redirect(request: Request, url: str) -> Response:
+    return finish(request, RedirectResponse(url, status_code=303))
+
+
+class ConsoleRoute(APIRoute):
+    """Console routes render errors as pages and send visitors without a session to sign in."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except SignInRequired:
+                target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                if request.method != "GET":
+                    target = "/console"
+                return RedirectResponse(f"/console/sign-in?next={quote(target, safe='')}", status_code=303)
+            except RegentError as exc:
+                status = CODE_TO_STATUS.get(exc.code, 500)
+                try:
+                    v = await viewer(request)
+                except SignInRequired:
+                    v = None
+                return page(request, v, "error.html", status=status, code=exc.code, message=exc.message)
+
+        return run

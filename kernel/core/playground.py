@@ -1,0 +1,101 @@
+"""The policy playground: one step evaluated by the agent's active bundle and by a candidate,
+each with the explanation `regent policy eval --explain` prints. Nothing is stored."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kernel.core.kernel import Kernel
+from kernel.core.policy_test import Candidate, compiled
+from kernel.domain import Decision, PolicyInput
+from kernel.errors import NotFound
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """What one bundle decided for the input, and why."""
+
+    label: str  # "active" | "candidate"
+    kind: str
+    revision: str
+    decision: str
+    rule_id: str
+    reason: str
+    explain: list[str]
+
+
+def explain(bundle: Any, inp: PolicyInput) -> tuple[Decision, list[str]]:
+    """The decision and its explanation. YAML: each rule in file order (→ decided, ✓ matched,
+    ✗ with the first condition that failed). Rego: the entrypoint, the input document, the
+    decision document as the kernel reads it and the policy's print lines."""
+    if hasattr(bundle, "engine") and hasattr(bundle, "bundle"):  # Rego
+        from kernel.policy.rego import input_document
+
+        d, printed = bundle.engine.explain(bundle.bundle, inp)
+        doc = {"decision": d.verdict.value, "rule_id": d.rule_id, "reason": d.reason,
+               "approval": str(d.approval) if d.approval else None, "revision": d.policy_revision}
+        lines = [f"entrypoint data.{bundle.bundle.entrypoint.replace('/', '.')}",
+                 f"input {json.dumps(input_document(inp), sort_keys=True)}",
+                 f"decision document (as the kernel reads it): {json.dumps(doc)}"]
+        printed_lines = (printed or "").splitlines()
+        lines.append(f"print lines ({len(printed_lines)}):" if printed_lines else "print lines: none")
+        lines += [f"  {line}" for line in printed_lines]
+        return d, lines
+    d = bundle.evaluate(inp)
+    lines = []
+    for tr in bundle.explain(inp):
+        mark = "→" if tr.selected else ("✓" if tr.matched else "✗")
+        why = "" if tr.matched else f"  ({tr.failed} did not match)"
+        lines.append(f"{mark} {tr.rule_id} (line {tr.line}){why}")
+    return d, lines
+
+
+def _evaluate(k: Kernel, label: str, c: Candidate, inp: PolicyInput) -> Evaluation:
+    with compiled(k, c) as bundle:
+        d, lines = explain(bundle, inp)
+        return Evaluation(label, c.kind, bundle.revision, d.verdict.value, d.rule_id, d.reason, lines)
+
+
+def compare(k: Kernel, agent_id: str, inp: PolicyInput, candidate: Candidate | None) -> list[Evaluation]:
+    """The active bundle's evaluation (when the agent has one) and the candidate's (when given).
+    A candidate that does not compile raises ValidationError with the load gate's diagnostics."""
+    with k.store.read() as tx:
+        if tx.get_agent(agent_id) is None:
+            raise NotFound(f"agent {agent_id!r} not found")
+        row = tx.active_policy(agent_id)
+    out = []
+    if row is not None:
+        out.append(_evaluate(k, "active", Candidate(row.kind, row.content), inp))
+    if candidate is not None:
+        out.append(_evaluate(k, "candidate", candidate, inp))
+    return out
+
+
+MAX_REPLAY_EXECUTIONS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class RecentReplay:
+    executions: int  # replayed
+    steps: int  # decisions replayed
+    changes: list[Any]  # ReplayResult of each decision that would change
+    truncated: bool  # some execution had more steps than the replay cap
+
+
+def replay_recent(k: Kernel, agent_id: str, n: int, candidate: Candidate | None) -> RecentReplay:
+    """The agent's last `n` executions (at most MAX_REPLAY_EXECUTIONS) replayed against the
+    candidate (or the active bundle): every recorded decision that would change."""
+    from kernel.core.policy_test import candidate_for, recorded_steps
+    from kernel.policy.replay import replay
+
+    n = max(1, min(n, MAX_REPLAY_EXECUTIONS))
+    with k.store.read() as tx:
+        c = candidate_for(k, tx, agent_id, candidate)
+        recent = tx.list_executions(agent_id, None, None, n)
+        recorded = [recorded_steps(tx, e.id, agent_id) for e in recent]
+    with compiled(k, c) as bundle:
+        reports = [replay(bundle, steps, truncated=truncated) for steps, truncated in recorded]
+    return RecentReplay(len(recent), sum(len(r.results) for r in reports),
+                        [ch for r in reports for ch in r.changes], any(r.truncated for r in reports))

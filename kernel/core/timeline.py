@@ -1,0 +1,136 @@
+"""Read models for an operator: a page of executions with counts per status, and one execution's
+timeline (its events in order, each step folded into one row with its decision and approval)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kernel.core.executions import load_owned
+from kernel.core.kernel import Kernel
+from kernel.domain import Approval, Event, EventType, Execution, Step
+from kernel.errors import ValidationError
+
+TIMELINE_EVENTS = 10_000  # events shown per timeline page; the rest are one "later events" link away
+_DECISIONS = {
+    EventType.STEP_ALLOWED.value: "allow",
+    EventType.STEP_DENIED.value: "deny",
+    EventType.STEP_AWAITING_APPROVAL.value: "require_approval",
+    EventType.STEP_RATE_LIMITED.value: "rate_limited",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionPage:
+    executions: list[Execution]
+    next_cursor: str | None
+    counts: dict[str, int]  # status → executions (of the agent filter, all time)
+
+
+def execution_page(
+    k: Kernel, *, agent_id: str | None, status: str | None, created_from: datetime | None,
+    created_to: datetime | None, cursor: str | None, limit: int,
+) -> ExecutionPage:
+    """Newest first, keyset-paged on the (time-ordered) id."""
+    if limit < 1:
+        raise ValidationError("validation error: limit must be >= 1")
+    with k.store.read() as tx:
+        rows = tx.list_executions(agent_id, status, cursor, limit + 1, created_from=created_from,
+                                  created_to=created_to)
+        counts = tx.count_executions_by_status(agent_id)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return ExecutionPage(rows, rows[-1].id if more and rows else None, counts)
+
+
+@dataclass(slots=True)
+class StepRow:
+    """One step of the timeline: the step's row (None when refused before one was written, as a
+    rate-limited step) and every event about it, the first decision's fields lifted out."""
+
+    step_id: str
+    kind: str
+    target: str
+    seq: int
+    occurred_at: datetime
+    step: Step | None = None
+    decision: str = ""  # allow | deny | require_approval | rate_limited
+    rule_id: str = ""
+    reason: str = ""
+    policy_kind: str = ""
+    policy_revision: str = ""
+    approval: Approval | None = None
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return self.step.status.value if self.step is not None else self.decision
+
+
+@dataclass(slots=True)
+class Timeline:
+    execution: Execution
+    rows: list[StepRow | Event]  # in event order; a step's row sits at its first event
+    last_seq: int  # of the events read
+    execution_seq: int  # the execution's last event seq (what a live page compares)
+    next_seq: int | None  # where the next page starts, when there is one
+    steps: int
+    attempts: int  # dispatch attempts delivered
+
+
+def timeline(k: Kernel, execution_id: str, after_seq: int = 0, limit: int = TIMELINE_EVENTS) -> Timeline:
+    with k.store.read() as tx:
+        e = load_owned(tx, execution_id, None)
+        events = tx.list_events(execution_id, after_seq, limit + 1)
+        steps = {s.step_id: s for s in tx.list_steps(execution_id)}
+        approvals = {a.step_id: a for a in tx.list_approvals(None, execution_id=execution_id)}
+        execution_seq = tx.last_event_seq(execution_id)
+    more = len(events) > limit
+    events = events[:limit]
+    rows: list[StepRow | Event] = []
+    by_step: dict[str, StepRow] = {}
+    attempts = 0
+    for ev in events:
+        p = ev.payload
+        sid = p.get("step_id")
+        if ev.type.startswith("dispatch."):
+            attempts += ev.type == EventType.DISPATCH_ACKED.value or ev.type == EventType.DISPATCH_FAILED.value
+        if not isinstance(sid, str):
+            rows.append(ev)
+            continue
+        row = by_step.get(sid)
+        if row is None:
+            s = steps.get(sid)
+            row = StepRow(sid, str(p.get("step_type") or (s.kind if s else "")),
+                          str(p.get("target") or (s.target if s else "")), ev.event_seq, ev.occurred_at, s,
+                          approval=approvals.get(sid))
+            by_step[sid] = row
+            rows.append(row)
+        row.events.append(ev)
+        verdict = _DECISIONS.get(ev.type)
+        if verdict and "rule_id" in p and not row.rule_id:
+            row.decision = verdict
+            row.rule_id = str(p["rule_id"])
+            error = p.get("error")
+            row.reason = str(p.get("reason") or (error.get("reason") if isinstance(error, dict) else "") or "")
+            row.policy_kind = str(p.get("policy_kind") or "")
+            row.policy_revision = str(p.get("policy_revision") or "")
+    last = events[-1].event_seq if events else after_seq
+    return Timeline(e, rows, last, execution_seq, last if more else None, len(by_step), attempts)
+
+
+def last_event_seq(k: Kernel, execution_id: str) -> tuple[int, str]:
+    """(the execution's last event seq, its status): what a live timeline polls."""
+    with k.store.read() as tx:
+        e = load_owned(tx, execution_id, None)
+        seq = tx.last_event_seq(execution_id)
+    return seq, e.status.value
+
+
+def args_preview(value: Any, limit: int = 120) -> str:
+    """A one-line preview of a JSON value for a collapsed row."""
+    import json
+
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,216 @@
+"""The console under `regent dev` (anonymous admin) in a real Chromium: executions and their
+timelines (live while running), escaping, CSRF, the policies page and the playground."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.console.conftest import ConsoleKernel, console_kernel, shot
+from tests.e2e.conftest import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+LS = {"tool": "shell_exec", "args": {"command": "ls -la"}}
+DELETE = {"tool": "fs_delete", "args": {"path": "/etc"}}
+RM = {"tool": "shell_exec", "args": {"command": "rm -rf /tmp/x"}}  # needs approval
+XSS = "<script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def ck(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleKernel]:
+    with console_kernel(tmp_path_factory.mktemp("console-dev")) as (k, _):
+        yield k
+
+
+def test_timeline_of_a_completed_execution_shows_each_steps_decision_and_rule_id(ck: ConsoleKernel, page: Any) -> None:
+    eid = ck.run("ops", [LS, DELETE], "completed")
+    page.goto(f"{ck.url}/console/executions/{eid}")
+    rows = page.locator("tr.step")
+    assert rows.count() == 2
+    allowed, denied = rows.nth(0), rows.nth(1)
+    assert allowed.locator(".target").inner_text() == "shell_exec"
+    assert allowed.locator(".verdict").inner_text() == "allow"
+    assert allowed.locator(".rule-id").inner_text() == "allow-read-only"
+    assert "yaml" in allowed.locator("td.decision").inner_text()
+    assert denied.locator(".target").inner_text() == "fs_delete"
+    assert denied.locator(".verdict").inner_text() == "deny"
+    assert denied.locator(".rule-id").inner_text() == "default"
+    # the revision that decided, as the events recorded it
+    revision = ck.api.http.get("/v0/policies/ops").json()["revision"]
+    assert allowed.locator("td.decision [title]").get_attribute("title") == revision
+    assert page.locator("#execution-status").inner_text() == "completed"
+    assert page.locator("[data-live]").count() == 0  # a finished execution does not poll
+    allowed.locator("details summary").first.click()
+    assert '"command": "ls -la"' in allowed.locator("pre.args").inner_text()
+    shot(page, "timeline")
+
+
+def test_executions_list_filters_by_status_and_shows_counts(ck: ConsoleKernel, page: Any) -> None:
+    done = ck.run("ops", [LS], "completed")
+    blocked = ck.run("ops", [RM], "blocked")
+    page.goto(f"{ck.url}/console/executions")
+    assert page.locator(f"a[href='/console/executions/{done}']").count() == 1
+    assert page.locator(f"a[href='/console/executions/{blocked}']").count() == 1
+    counts = {li.inner_text().split()[0]: int(li.inner_text().split()[1]) for li in page.locator(".counts li").all()}
+    assert counts["blocked"] >= 1 and counts["completed"] >= 1
+    shot(page, "executions")
+    page.select_option("select[name=status]", "blocked")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url(re.compile(r"status=blocked"))
+    assert page.locator(f"a[href='/console/executions/{blocked}']").count() == 1
+    assert page.locator(f"a[href='/console/executions/{done}']").count() == 0
+    statuses = {s.inner_text() for s in page.locator("tbody td .pill").all()}
+    assert statuses == {"blocked"}
+
+
+def test_running_execution_timeline_updates_without_a_reload(ck: ConsoleKernel, page: Any) -> None:
+    gate = ck.tmp / "gate-live"
+    eid = ck.run("ops", [LS, LS | {"args": {"command": "pwd"}}], gate=str(gate))
+    wait_for(lambda: ck.api.types(eid).count("step.succeeded") == 1, "the first step to succeed")
+    page.goto(f"{ck.url}/console/executions/{eid}")
+    assert page.locator("tr.step").count() == 1
+    assert page.locator(".live").count() == 1
+    page.evaluate("window.__same_document = true")
+    gate.write_text("go")
+    page.locator("#execution-status", has_text="completed").wait_for(timeout=20_000)
+    assert page.locator("tr.step").count() == 2
+    assert page.evaluate("window.__same_document === true")  # swapped in place, not reloaded
+    assert page.locator(".live").count() == 0
+
+
+def test_a_step_whose_args_hold_a_script_renders_as_text(ck: ConsoleKernel, page: Any) -> None:
+    eid = ck.run("ops", [{"tool": "note", "args": {"text": XSS}}], "completed")
+    page.goto(f"{ck.url}/console/executions/{eid}")
+    row = page.locator("tr.step").first
+    row.locator("details summary").first.click()
+    assert XSS in row.locator("pre.args").inner_text()
+    assert XSS in page.locator("summary code").first.inner_text()  # the input, shown collapsed
+    assert page.evaluate("document.scripts.length") == 1  # only the console's own script
+    page.goto(f"{ck.url}/console/executions")  # the input preview in the list
+    assert XSS in page.locator("td.clip").first.inner_text()
+    assert page.dialogs == []
+    assert page.evaluate("document.scripts.length") == 1
+
+
+def test_state_changing_post_without_the_csrf_token_is_refused(ck: ConsoleKernel, page: Any) -> None:
+    eid = ck.run("ops", [RM], "blocked")
+    page.goto(f"{ck.url}/console/executions/{eid}")
+    status = page.evaluate(
+        """async (url) => (await fetch(url, {method: "POST", body: new URLSearchParams({})})).status""",
+        f"/console/executions/{eid}/cancel")
+    assert status == 403
+    wrong = page.evaluate(
+        """async (url) => { const r = await fetch(url, {method: "POST", body: new URLSearchParams({csrf: "x"})});
+                            return [r.status, await r.text()]; }""",
+        f"/console/executions/{eid}/cancel")
+    assert wrong[0] == 403 and "CSRF" in wrong[1]
+    assert ck.api.get(eid)["status"] == "blocked"
+    # the same POST from the page's own form carries the token and is accepted
+    page.click("text=Cancel execution")
+    page.locator("#execution-status", has_text="cancelled").wait_for()
+    assert ck.api.get(eid)["status"] == "cancelled"
+
+
+def test_session_cookie_is_httponly_samesite_strict_and_expires(ck: ConsoleKernel, page: Any) -> None:
+    page.goto(f"{ck.url}/console/executions")
+    [cookie] = [c for c in page.context.cookies() if c["name"] == "regent_console"]
+    assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict" and cookie["expires"] > 0
+    assert page.evaluate("document.cookie") == ""
+    r = httpx.get(f"{ck.url}/console/executions", cookies={"regent_console": cookie["value"] + "x"})
+    assert r.status_code == 200 and "regent_console=" in r.headers.get("set-cookie", "")  # dev: a new one
+
+
+BROKEN = "default_action: deny\nrules:\n  - id: oops\n    when: [target\n"
+CANDIDATE = """default_action: allow
+rules:
+  - id: no-listing
+    when:
+      target: shell_exec
+      arguments:
+        command: {regex: "^ls"}
+    then:
+      decision: deny
+      reason: no listing today
+"""
+
+
+def test_upload_with_a_syntax_error_is_refused_with_file_line_and_the_active_revision_keeps_deciding(
+    ck: ConsoleKernel, page: Any
+) -> None:
+    before = ck.api.http.get("/v0/policies/ops/revisions").json()
+    page.goto(f"{ck.url}/console/policies?agent_id=ops")
+    assert page.locator(".source li").first.inner_text().startswith("#")  # the bundle's first line
+    shot(page, "policies")
+    page.fill("textarea[name=source]", BROKEN)
+    page.click("text=Check and activate")
+    errors = page.locator("#gate-errors")
+    errors.wait_for()
+    assert re.search(r"bundle\.yaml:\d+: ", errors.inner_text()), errors.inner_text()
+    assert page.locator("textarea[name=source]").input_value() == BROKEN  # kept for fixing
+    shot(page, "policies-upload-refused")
+    assert ck.api.http.get("/v0/policies/ops/revisions").json() == before
+    eid = ck.run("ops", [LS], "completed")
+    [allowed] = [e["payload"] for e in ck.api.events(eid) if e["type"] == "step.allowed"]
+    assert allowed["rule_id"] == "allow-read-only"
+
+
+def test_upload_activates_a_new_revision_shows_the_diff_and_an_old_one_can_be_reactivated(
+    ck: ConsoleKernel, page: Any
+) -> None:
+    page.goto(f"{ck.url}/console/policies?agent_id=ops")
+    page.fill("textarea[name=source]", CANDIDATE)
+    page.click("text=Check and activate")
+    page.locator(".notice.ok").wait_for()
+    seqs = [r["seq"] for r in ck.api.http.get("/v0/policies/ops/revisions").json()]
+    new, old = max(seqs), min(seqs)
+    assert ck.api.http.get("/v0/policies/ops").json()["seq"] == new
+    page.goto(f"{ck.url}/console/policies?agent_id=ops&from={old}&to={new}")
+    added = page.locator("#diff .add").all_inner_texts()
+    assert "+  - id: no-listing" in added
+    shot(page, "policies-diff")
+    page.locator("tr", has_text=f"{old}").locator("text=Re-activate").first.click()
+    page.locator(".notice.ok", has_text=f"#{old}").wait_for()
+    assert ck.api.http.get("/v0/policies/ops").json()["seq"] == old
+
+
+def test_playground_shows_the_active_and_the_candidate_decision_for_one_input(ck: ConsoleKernel, page: Any) -> None:
+    ck.run("ops", [LS, DELETE], "completed")  # something to replay
+    page.goto(f"{ck.url}/console/playground")
+    page.select_option("select[name=agent_id]", "ops")
+    page.fill("input[name=target]", "shell_exec")
+    page.fill("textarea[name=args]", '{"command": "ls -la"}')
+    page.fill("textarea[name=candidate]", CANDIDATE)
+    page.click("button:text-is('Evaluate')")
+    active, candidate = page.locator("#eval-active"), page.locator("#eval-candidate")
+    active.wait_for()
+    assert active.locator(".verdict").inner_text() == "allow"
+    assert active.locator(".rule-id").inner_text() == "allow-read-only"
+    assert any(line.startswith("→ allow-read-only (line") for line in active.locator(".explain li").all_inner_texts())
+    assert candidate.locator(".verdict").inner_text() == "deny"
+    assert candidate.locator(".rule-id").inner_text() == "no-listing"
+    assert "no listing today" in candidate.inner_text()
+    shot(page, "playground")
+    page.click("text=Replay against the candidate")
+    replay = page.locator("#replay")
+    replay.wait_for()
+    changed = replay.locator("tr.changed")
+    assert changed.count() >= 2  # ls: allow → deny; fs_delete: deny → allow
+    texts = changed.all_inner_texts()
+    assert any("shell_exec" in t and "no-listing" in t for t in texts)
+    assert any("fs_delete" in t and "default" in t for t in texts)
+    shot(page, "playground-replay")
+
+
+def test_playground_reports_a_candidate_that_does_not_compile(ck: ConsoleKernel, page: Any) -> None:
+    page.goto(f"{ck.url}/console/playground")
+    page.fill("input[name=target]", "shell_exec")
+    page.fill("textarea[name=candidate]", BROKEN)
+    page.click("button:text-is('Evaluate')")
+    errors = page.locator("#playground-errors")
+    errors.wait_for()
+    assert re.search(r"candidate\.yaml:\d+: ", errors.inner_text())

@@ -1,0 +1,93 @@
+"""The console under `regent serve` in a real Chromium: sign-in with an API key or the bootstrap
+token, pages limited to the key's scopes, nothing secret rendered, sign-out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.console.conftest import BOOTSTRAP_TOKEN, ConsoleKernel, console_kernel, shot
+from tests.e2e.conftest import SECRET
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+LS = {"tool": "shell_exec", "args": {"command": "ls"}}
+RM = {"tool": "shell_exec", "args": {"command": "rm -rf /tmp/x"}}
+KEYS = {
+    "oncall": ["approvals:read", "approvals:write"],
+    "intern": ["approvals:read", "approvals:write"],
+    "auditor": ["executions:read"],
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ConsoleKernel, dict[str, str]]]:
+    with console_kernel(tmp_path_factory.mktemp("console-serve"), "serve", keys=KEYS) as kt:
+        yield kt
+
+
+def sign_in(page: Any, url: str, token: str, path: str = "/console") -> None:
+    page.goto(f"{url}{path}")
+    page.wait_for_url("**/console/sign-in**")
+    page.fill("input[name=token]", token)
+    page.click("button:text-is('Sign in')")
+    page.wait_for_selector(".who")
+
+
+def nav_labels(page: Any) -> list[str]:
+    return list(page.locator(".bar nav a").all_inner_texts())
+
+
+def test_a_visitor_without_a_session_is_sent_to_sign_in_and_a_bad_key_is_refused(served: Any, page: Any) -> None:
+    k, _ = served
+    page.goto(f"{k.url}/console/executions")
+    assert "/console/sign-in" in page.url
+    shot(page, "sign-in")
+    page.fill("input[name=token]", "rbk_00000000-0000-0000-0000-000000000000." + "x" * 43)
+    page.click("button:text-is('Sign in')")
+    assert "not valid" in page.locator(".notice.error").inner_text()
+    assert page.context.cookies() == []
+
+
+def test_an_approver_only_key_sees_timelines_but_not_policies(served: Any, page: Any) -> None:
+    k, tokens = served
+    eid = k.run("ops", [LS], "completed")
+    sign_in(page, k.url, tokens["oncall"], f"/console/executions/{eid}")
+    assert page.url.endswith(f"/console/executions/{eid}")  # back where the visitor was going
+    assert page.locator(".who").inner_text().startswith("oncall")
+    assert page.locator(".rule-id").first.inner_text() == "allow-read-only"
+    assert "Policies" not in nav_labels(page) and "Playground" not in nav_labels(page)
+    assert page.locator("text=Cancel execution").count() == 0  # no executions:write
+    r = page.goto(f"{k.url}/console/policies")
+    assert r.status == 403 and "policies:write" in page.locator(".notice.error").inner_text()
+    status = page.evaluate("""async () => (await fetch("/console/executions")).status""")
+    assert status == 403
+
+
+def test_the_bootstrap_token_signs_in_as_admin_and_sign_out_ends_the_session(served: Any, page: Any) -> None:
+    k, _ = served
+    sign_in(page, k.url, BOOTSTRAP_TOKEN)
+    assert page.locator(".who").inner_text().startswith("bootstrap token")
+    assert {"Executions", "Policies", "Playground"} <= set(nav_labels(page))
+    [cookie] = page.context.cookies()
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["expires"] > 0
+    assert BOOTSTRAP_TOKEN not in cookie["value"]
+    page.click("text=Sign out")
+    page.wait_for_url("**/console/sign-in")
+    page.goto(f"{k.url}/console/executions")
+    assert "/console/sign-in" in page.url
+
+
+def test_no_page_renders_a_secret(served: Any, page: Any) -> None:
+    k, tokens = served
+    eid = k.run("ops", [LS], "completed")
+    sign_in(page, k.url, BOOTSTRAP_TOKEN)
+    for path in ("/console/executions", f"/console/executions/{eid}", "/console/policies?agent_id=ops",
+                 "/console/playground"):
+        page.goto(f"{k.url}{path}")
+        html = page.content()
+        assert SECRET not in html, path
+        assert BOOTSTRAP_TOKEN not in html, path
+        assert not any(t in html for t in tokens.values()), path
