@@ -16,7 +16,7 @@ import posixpath
 import re
 import tarfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ import yaml
 from kernel.domain.decision import Verdict
 from kernel.errors import ValidationError
 
+from .instrument import Instrumented, instrument
 from .scan import ModuleScan, scan_module
 
 __all__ = [
@@ -72,6 +73,8 @@ class RegoBundle:
     size_bytes: int
     origin: str = ""  # directory or tarball path it came from, "" for a mapping
     from_directory: bool = field(default=False, repr=False)
+    strict: bool = False  # evaluated with rego-cpp's strict builtin errors (`--strict`)
+    extra_entrypoints: tuple[str, ...] = field(default=(), repr=False)  # built beside `entrypoint`
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RegoBundle) and other.digest == self.digest
@@ -87,6 +90,25 @@ class RegoBundle:
     def scans(self) -> dict[str, ModuleScan]:
         return {path: scan_module(source) for path, source in self.modules.items()}
 
+    def variant(self, *, strict: bool | None = None) -> RegoBundle:
+        """The same bundle evaluated with rego-cpp's strict builtin errors (its own worker key)."""
+        strict = self.strict if strict is None else strict
+        if strict == self.strict:
+            return self
+        return replace(self, strict=strict, digest=_derived(self.digest, f"strict={strict}"))
+
+    @cached_property
+    def instrumented(self) -> tuple[RegoBundle, Instrumented]:
+        """The probed twin (see instrument.py) and how to read its probes; same revision."""
+        probes = instrument(dict(self.modules), self.entrypoint)
+        twin = replace(
+            self,
+            modules=probes.modules,
+            digest=_derived(self.digest, "instrumented"),
+            extra_entrypoints=probes.entrypoints,
+        )
+        return twin, probes
+
     @cached_property
     def worker_payload(self) -> bytes:
         """What a worker needs to compile this bundle (see worker.Worker.load)."""
@@ -98,6 +120,8 @@ class RegoBundle:
                 "data": self.data,
                 "entrypoint": self.entrypoint,
                 "names": names,
+                **({"entrypoints": list(self.extra_entrypoints)} if self.extra_entrypoints else {}),
+                **({"strict": True} if self.strict else {}),
             },
             ensure_ascii=False,
         ).encode("utf-8")
@@ -433,6 +457,10 @@ def _safe_path(raw: object, problems: list[str], *, allow_dot: bool = False) -> 
     if not parts:  # "./" itself
         return None
     return "/".join(parts)
+
+
+def _derived(digest: str, what: str) -> str:
+    return hashlib.sha256(f"{digest}:{what}".encode()).hexdigest()
 
 
 def _canonical(value: Any) -> bytes:

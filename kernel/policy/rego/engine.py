@@ -23,7 +23,7 @@ from .diagnostics import CompileError, compile_errors
 from .document import input_document
 from .pool import DEFAULT_MAX_RSS_BYTES, WorkerFault, WorkerHandle, WorkerPool
 
-__all__ = ["DEFAULT_TIMEOUT_SECONDS", "CompileReport", "RegoEngine"]
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "CompileReport", "ProbeError", "RegoEngine"]
 
 log = logging.getLogger("kernel.policy.rego")
 
@@ -46,6 +46,10 @@ _COUNTERS = (
     "crashes",
     "bundle_loads",
 )
+
+
+class ProbeError(Exception):
+    """A probe could not run (the bundle did not load, or the worker faulted)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,47 @@ class RegoEngine:
         prints: list[str] = []
         decision = self._evaluate(bundle, input_document(inp), prints)
         return decision, "".join(prints)
+
+    def probe(self, bundle: RegoBundle, document: dict[str, Any], entrypoints: list[str]) -> list[dict[str, Any]]:
+        """Evaluate several entrypoints of ``bundle`` on one input in one worker call (traces,
+        coverage and error locations use the instrumented twin this way). Each result is
+        ``{"value": V}``, ``{"undefined": True}`` or ``{"error": MESSAGE}``; raises ProbeError
+        when the bundle cannot be loaded or the worker faults."""
+        body = json.dumps({"input": document, "entrypoints": entrypoints}, ensure_ascii=False,
+                          separators=(",", ":"), allow_nan=False).encode("utf-8")
+        w = self._pool.acquire(self.acquire_timeout)
+        if w is None:
+            raise ProbeError("no rego worker became available")
+        phase = "compiling"
+        try:
+            for _attempt in range(2):
+                if bundle.digest not in w.loaded:
+                    phase = "compiling"
+                    report = self._load_on(w, bundle)
+                    if not report.ok:
+                        self._pool.release(w)
+                        raise ProbeError("; ".join(str(e) for e in report.errors[:3]) or "rego-cpp could not build it")
+                phase = "evaluating"
+                op, reply = w.call(P.OP_PROBE, bundle.digest.encode("ascii") + body,
+                                   max(self.timeout, 0.05) * (1 + len(entrypoints) / 8))
+                if op != P.OP_MISSING:
+                    break
+                w.loaded.pop(bundle.digest, None)
+        except WorkerFault as fault:
+            raise ProbeError(self._fault(w, fault, bundle, phase)) from None
+        self._pool.release(w)
+        if op != P.OP_OK:
+            raise ProbeError(_error_of(reply))
+        results: list[dict[str, Any]] = []
+        for r in json.loads(reply)["results"]:
+            if "value" in r:
+                try:
+                    results.append({"value": json.loads(r["value"])["expressions"][0]})
+                except (ValueError, KeyError, IndexError, TypeError):
+                    results.append({"error": "rego-cpp returned an unreadable value"})
+            else:
+                results.append(r)
+        return results
 
     def compile(self, bundle: RegoBundle) -> CompileReport:
         """Compile `bundle` in a worker (the load gate's compile step), which keeps the
@@ -235,7 +280,9 @@ class RegoEngine:
             except (ValueError, KeyError, IndexError, TypeError):
                 return self._eval_error(bundle, "rego-cpp returned an unreadable value")
         elif op == P.OP_FAIL:
-            return self._eval_error(bundle, f"rego evaluation failed: {_error_of(reply)}")
+            message = _error_of(reply)
+            where = self._locate(bundle, document, message)
+            return self._eval_error(bundle, f"rego evaluation failed: {message}{where}")
         else:
             return self._eval_error(bundle, f"unexpected reply {op} from the rego worker")
         decision = decision_from_output(
@@ -250,6 +297,20 @@ class RegoEngine:
             self._count("eval_errors")
             log.warning("rego bundle %s returned a bad decision: %s", revision, decision.reason)
         return decision
+
+    def _locate(self, bundle: RegoBundle, document: dict[str, Any], message: str) -> str:
+        """` at FILE:LINE (rule …)` for an evaluation error, from the instrumented twin's probes;
+        "" when they cannot tell (only the error path pays for this)."""
+        if message.startswith("input document"):
+            return ""
+        from .trace import locate_error
+
+        try:
+            where = locate_error(self, bundle, document, message)
+        except Exception:  # the locator must never turn a deny into a crash
+            log.exception("rego bundle revision %s: could not locate an evaluation error", bundle.revision)
+            return ""
+        return f" at {where}" if where else ""
 
     def _load_on(self, w: WorkerHandle, bundle: RegoBundle) -> CompileReport:
         op, reply = w.call(P.OP_LOAD, bundle.worker_payload, self.load_timeout)

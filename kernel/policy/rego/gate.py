@@ -9,6 +9,7 @@ lenient (it accepts calls to functions it lacks and entrypoints that do not exis
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -40,9 +41,14 @@ def compile_rego_bundle(
     source: RegoBundle | Mapping[str, Any] | str | os.PathLike[str],
     *,
     engine: RegoEngine | None = None,
+    strict: bool = False,
 ) -> RegoBundle:
     """Load (if needed) and gate a bundle; returns it ready to evaluate or raises
     ValidationError("invalid policy bundle: <one line per problem>").
+
+    ``strict`` adds OPA's strict-mode checks that can be made here (unused and duplicate imports,
+    deprecated builtins) and returns the bundle's strict variant, which rego-cpp evaluates with
+    strict builtin errors (a builtin's type error or a division by zero is an error, not undefined).
 
     Compiles in `engine`'s workers (which then hold the compiled copy); without one, a
     single-worker engine is started for the check and closed after it.
@@ -62,9 +68,59 @@ def compile_rego_bundle(
         if own:
             runner.close()
     problems = static_problems(bundle, report=report, unavailable=unavailable)
+    if strict:
+        problems += strict_problems(bundle)
     if problems:
         raise bundle_error(problems)
-    return bundle
+    return bundle.variant(strict=True) if strict else bundle
+
+
+# OPA's deprecated builtins (an error in OPA's strict mode; rego-cpp 1.5.2 has none of them).
+DEPRECATED_BUILTINS = {
+    "any": "use `some x in xs` or `count(…) > 0`",
+    "all": "use `every x in xs`",
+    "re_match": "use regex.match",
+    "net.cidr_overlap": "use net.cidr_contains",
+    "set_diff": "use the - operator",
+    "cast_array": "", "cast_set": "", "cast_string": "", "cast_boolean": "", "cast_null": "",
+    "cast_object": "",
+}
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def strict_problems(bundle: RegoBundle) -> list[str]:
+    """OPA strict-mode errors that a lexical scan can find: duplicate and unused imports.
+    (OPA's deprecated builtins are refused without --strict: rego-cpp has none of them.)"""
+    problems = []
+    for path, source in bundle.modules.items():
+        shown = bundle.display_path(path)
+        scan = bundle.scans[path]
+        seen: dict[str, int] = {}
+        for number, text in enumerate(source.splitlines(), start=1):
+            stripped = text.strip()
+            if not stripped.startswith("import "):
+                continue
+            ref = stripped.split("#", 1)[0].split()[1] if len(stripped.split()) > 1 else ""
+            if ref in seen:
+                problems.append(f"{shown}:{number}:1: import {ref} is a duplicate of line {seen[ref]} (strict)")
+            seen.setdefault(ref, number)
+        body_words = _words_outside_imports(source)
+        for alias, ref in scan.imports.items():
+            if ref in ("rego.v1",) or ref.startswith("future."):
+                continue
+            if alias not in body_words:
+                line = seen.get(ref, 0)
+                problems.append(f"{shown}:{line}:1: import {ref} is never used (strict)")
+    return problems
+
+
+def _words_outside_imports(source: str) -> set[str]:
+    words: set[str] = set()
+    for text in source.splitlines():
+        if text.strip().startswith(("import ", "package ")):
+            continue
+        words.update(_WORD.findall(text.split("#", 1)[0]))
+    return words
 
 
 def static_problems(
@@ -79,6 +135,7 @@ def static_problems(
         problems += _compile_problems(bundle, report)
     problems += _call_problems(bundle, report.builtins if report else {}, set(unavailable))
     problems += _judge_problems(bundle)
+    problems += _format_problems(bundle)
     problems += _entrypoint_problems(bundle)
     return problems
 
@@ -164,9 +221,46 @@ def _call_problems(
                 or name in _SPECIAL_CALLS
             ):
                 continue
+            elif name in DEPRECATED_BUILTINS and builtins.get(name) is not True:
+                hint = DEPRECATED_BUILTINS[name]
+                problems.append(f"{where}: builtin {name} is deprecated in OPA and rego-cpp does not have it"
+                                + (f"; {hint}" if hint else ""))
             elif builtins.get(name) is False:
                 problems.append(f"{where}: unknown function {name}")
     return problems
+
+
+# sprintf verbs and flags rego-cpp 1.5.2 does not implement: it prints the verb literally (`%q`
+# gives "%q") or drops the flag, so a reason or a key built with one is silently wrong.
+_UNSUPPORTED_VERBS = {
+    "q": 'it prints "%q" literally (quote with \\"%s\\" instead)',
+    "T": 'it prints "%T" literally (use type_name(x))',
+    "c": 'it prints "%c" literally',
+    "U": 'it prints "%U" literally',
+    "b": "the evaluation fails",
+}
+_VERB = re.compile(r"%([-+# 0]*)(\d+|\*)?(?:\.(\d+|\*))?([A-Za-z%])")
+
+
+def format_problems(fmt: str) -> list[str]:
+    """What rego-cpp would get wrong in a sprintf format string."""
+    found = []
+    for m in _VERB.finditer(fmt):
+        flags, verb = m.group(1), m.group(4)
+        if verb in _UNSUPPORTED_VERBS:
+            found.append(f"sprintf verb %{verb} is not supported by rego-cpp: {_UNSUPPORTED_VERBS[verb]}")
+        elif "-" in flags:
+            found.append(f"sprintf flag - in {m.group()} is ignored by rego-cpp (no left-justified padding)")
+    return found
+
+
+def _format_problems(bundle: RegoBundle) -> list[str]:
+    return [
+        f"{bundle.display_path(path)}:{line}:{col}: {problem}"
+        for path, scan in bundle.scans.items()
+        for line, col, fmt in scan.formats
+        for problem in format_problems(fmt)
+    ]
 
 
 def _judge_problems(bundle: RegoBundle) -> list[str]:

@@ -15,10 +15,14 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 KEY_BYTES = 64  # a bundle key is the 64-hex SHA-256 content digest
 
 # kernel → worker
-OP_LOAD = 1  # JSON {"key", "modules", "data", "entrypoint", "names"}
+OP_LOAD = 1  # JSON {"key", "modules", "data", "entrypoint", "names"[, "entrypoints", "strict"]}
 OP_EVAL = 2  # key (64 ASCII bytes) + input document JSON
 OP_EVAL_PRINTS = 3  # as OP_EVAL, keeping what the policy's print() calls wrote (policy eval --explain)
 OP_LAST_PRINTS = 4  # → OP_OK with the print() output of the last OP_EVAL_PRINTS (UTF-8, ≤ 64 KiB)
+# key + JSON {"input": DOC, "entrypoints": [...]} → OP_OK JSON {"results": [R, ...]}, one R per
+# entrypoint: {"value": TEXT} (rego-cpp's rendering), {"undefined": true} or {"error": MESSAGE}.
+# The traces, line coverage and error locations of the instrumented twins (instrument.py).
+OP_PROBE = 5
 
 # worker → kernel
 OP_HELLO = 10  # JSON capabilities, sent once at start-up

@@ -99,6 +99,7 @@ class ModuleScan:
     calls: tuple[Call, ...] = ()
     whole_input_with: tuple[tuple[int, int], ...] = ()  # `with input as …` positions
     judge: tuple[tuple[int, int], ...] = ()  # `"decision": "judge"` positions
+    formats: tuple[tuple[int, int, str], ...] = ()  # sprintf's literal format strings (line, col, text)
 
 
 @dataclass(slots=True)
@@ -162,6 +163,7 @@ def scan_module(source: str) -> ModuleScan:
     calls: list[Call] = []
     whole_input: list[tuple[int, int]] = []
     judge: list[tuple[int, int]] = []
+    formats: list[tuple[int, int, str]] = []
     depth = 0
     i, n = 0, len(toks)
     prev: _Tok | None = None
@@ -202,6 +204,9 @@ def scan_module(source: str) -> ModuleScan:
                 and (tok.text not in _KEYWORDS or tok.text == "contains")
             ):
                 calls.append(Call(".".join(parts), tok.line, tok.col))
+                if parts == ["sprintf"] and j + 1 < n and toks[j + 1].kind in ("str", "raw"):
+                    fmt = toks[j + 1]
+                    formats.append((fmt.line, fmt.col, fmt.text[1:-1]))
             if (
                 tok.text == "with"
                 and i + 2 < n
@@ -235,4 +240,5 @@ def scan_module(source: str) -> ModuleScan:
         calls=tuple(calls),
         whole_input_with=tuple(whole_input),
         judge=tuple(judge),
+        formats=tuple(formats),
     )

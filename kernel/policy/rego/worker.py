@@ -230,10 +230,11 @@ class Worker:
         self.test_hooks = test_hooks
         self.max_bundles = max_bundles
         self.runtime = regopy.Interpreter()
+        self._strict_runtime: Any = None  # made on the first bundle loaded with "strict"
         self.builtin_checker = regopy.Interpreter()
-        # key → (build interpreter, bundle, entrypoint): the interpreter stays referenced while
-        # its bundle lives (freeing rego objects out of order is what crashes, hazard 2).
-        self.bundles: OrderedDict[str, tuple[Any, Any, bytes]] = OrderedDict()
+        # key → (build interpreter, bundle, entrypoint, runtime): the interpreter stays referenced
+        # while its bundle lives (freeing rego objects out of order is what crashes, hazard 2).
+        self.bundles: OrderedDict[str, tuple[Any, Any, bytes, Any]] = OrderedDict()
         self.buffer = bytearray()
 
     # -- framing ---------------------------------------------------------------------------
@@ -268,6 +269,8 @@ class Worker:
                 self.send(P.OP_OK, self.last_prints.encode("utf-8"))
             elif op == P.OP_LOAD:
                 self.load(json.loads(payload))
+            elif op == P.OP_PROBE:
+                self.probe(payload)
             else:
                 self.fail(f"unknown op {op}")
 
@@ -279,38 +282,48 @@ class Worker:
         names = req.get("names") or []
         builtins = {n: bool(self.builtin_checker.is_builtin(n)) for n in names}
         interp = regopy.Interpreter()
+        strict = bool(req.get("strict"))
+        runtime = self.runtime
+        if strict:
+            interp.strict_built_in_errors = True
+            if self._strict_runtime is None:
+                self._strict_runtime = regopy.Interpreter()
+                self._strict_runtime.strict_built_in_errors = True
+            runtime = self._strict_runtime
+        entrypoints = [req["entrypoint"], *(req.get("entrypoints") or [])]
         error = ""
         with _StdoutCapture() as capture:
             try:
                 for name, source in req["modules"].items():
                     interp.add_module(name, source)
                 interp.add_data_json(json.dumps(req.get("data") or {}))
-                bundle = interp.build(None, [req["entrypoint"]])
+                bundle = interp.build(None, entrypoints)
                 if not bundle.ok():
                     error = "rego-cpp could not build the bundle"
                 else:
-                    error = self._trial(bundle, req["entrypoint"].encode("utf-8"))
+                    error = self._trial(bundle, req["entrypoint"].encode("utf-8"), runtime)
             except regopy.RegoError as exc:
                 error = str(exc)
         if error:
             self.fail(error, report=capture.text, builtins=builtins)
             return
-        self.bundles[req["key"]] = (interp, bundle, req["entrypoint"].encode("utf-8"))
+        self.bundles[req["key"]] = (interp, bundle, req["entrypoint"].encode("utf-8"), runtime)
         self.bundles.move_to_end(req["key"])
         while len(self.bundles) > self.max_bundles:
             self.bundles.popitem(last=False)
         self.send(P.OP_OK, json.dumps({"builtins": builtins}).encode())
 
-    def _trial(self, bundle: Any, entrypoint: bytes) -> str:
+    def _trial(self, bundle: Any, entrypoint: bytes, runtime: Any = None) -> str:
         """Run the entrypoint once on an empty input: rego-cpp verifies a bundle's plans only
         when it first runs them, and a bundle that fails verification fails every step."""
+        runtime = runtime or self.runtime
         p = _new_input()
         try:
             _in_object(p, 0)
-            _set_input(self.runtime._impl, p)
+            _set_input(runtime._impl, p)
         finally:
             _free_input(p)
-        out = _query_entrypoint(self.runtime._impl, bundle._impl, entrypoint)
+        out = _query_entrypoint(runtime._impl, bundle._impl, entrypoint)
         if not out:
             return ""
         try:
@@ -341,28 +354,18 @@ class Worker:
         except ValueError as exc:
             self.fail(f"input document is not JSON: {exc}")
             return
-        if self.test_hooks:
-            _maybe_fault(document)
-        p = _new_input()
-        try:
-            _add(p, document)
-            if _set_input(self.runtime._impl, p):
-                raise _BadInput("rego-cpp rejected the input document")
-        except (_BadInput, UnicodeEncodeError) as exc:
-            self.fail(f"input document cannot be given to rego-cpp: {exc}")
+        _, bundle, entrypoint, runtime = entry
+        if not self._set_document(runtime, document):
             return
-        finally:
-            _free_input(p)
-        _, bundle, entrypoint = entry
         if capture:
             # rego-cpp writes print() lines to stdout; only `policy eval --explain` asks for them.
             with _StdoutCapture() as cap:
-                out = _query_entrypoint(self.runtime._impl, bundle._impl, entrypoint)
+                out = _query_entrypoint(runtime._impl, bundle._impl, entrypoint)
             self.last_prints = cap.text
         else:
-            out = _query_entrypoint(self.runtime._impl, bundle._impl, entrypoint)
+            out = _query_entrypoint(runtime._impl, bundle._impl, entrypoint)
         if not out:
-            self.fail(_rs.rego_get_error(self.runtime._impl) or "rego-cpp returned no output")
+            self.fail(_rs.rego_get_error(runtime._impl) or "rego-cpp returned no output")
             return
         try:
             text = _rs.rego_output_string(out) if _output_ok(out) else ""
@@ -374,6 +377,58 @@ class Worker:
                 self.fail(_error_text(_lib.regoOutputNode(out)))
         finally:
             _free_output(out)
+
+
+    def _set_document(self, runtime: Any, document: Any) -> bool:
+        """Give ``document`` to ``runtime`` as its input; answers OP_FAIL and returns False if
+        rego-cpp cannot take it."""
+        if self.test_hooks:
+            _maybe_fault(document)
+        p = _new_input()
+        try:
+            _add(p, document)
+            if _set_input(runtime._impl, p):
+                raise _BadInput("rego-cpp rejected the input document")
+        except (_BadInput, UnicodeEncodeError) as exc:
+            self.fail(f"input document cannot be given to rego-cpp: {exc}")
+            return False
+        finally:
+            _free_input(p)
+        return True
+
+    def probe(self, payload: bytes) -> None:
+        """Evaluate several entrypoints of one bundle on one input (OP_PROBE)."""
+        key = payload[: P.KEY_BYTES].decode("ascii")
+        entry = self.bundles.get(key)
+        if entry is None:
+            self.send(P.OP_MISSING)
+            return
+        self.bundles.move_to_end(key)
+        try:
+            req = json.loads(payload[P.KEY_BYTES :])
+        except ValueError as exc:
+            self.fail(f"probe request is not JSON: {exc}")
+            return
+        _, bundle, _, runtime = entry
+        if not self._set_document(runtime, req.get("input")):
+            return
+        results: list[dict[str, Any]] = []
+        for name in req.get("entrypoints") or []:
+            out = _query_entrypoint(runtime._impl, bundle._impl, str(name).encode("utf-8"))
+            if not out:
+                results.append({"error": _rs.rego_get_error(runtime._impl) or "no output"})
+                continue
+            try:
+                text = _rs.rego_output_string(out) if _output_ok(out) else ""
+                if text[:1] in ("{", "["):
+                    results.append({"value": text})
+                elif text == "undefined":
+                    results.append({"undefined": True})
+                else:
+                    results.append({"error": _error_text(_lib.regoOutputNode(out))})
+            finally:
+                _free_output(out)
+        self.send(P.OP_OK, json.dumps({"results": results}).encode("utf-8"))
 
 
 def _maybe_fault(document: Any) -> None:

@@ -6,7 +6,8 @@ ValidationError carries ``line`` and ``rule_id`` for the API's error envelope.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from collections.abc import Callable
+from typing import Any, TypedDict
 
 from yaml.nodes import MappingNode, Node, ScalarNode
 
@@ -22,7 +23,13 @@ from kernel.errors import ValidationError
 from kernel.policy.yaml.engine import YamlBundle
 from kernel.policy.yaml.glob import Glob, GlobError, compile_glob
 from kernel.policy.yaml.loader import STR, BundleReader, bundle_error, line_of, parse_document
-from kernel.policy.yaml.predicate import Predicate
+from kernel.policy.yaml.predicate import (
+    COMPARISONS,
+    JSON_TYPES,
+    Predicate,
+    comparison,
+    type_check,
+)
 from kernel.policy.yaml.regex import RegexError, compile_regex
 from kernel.policy.yaml.rule import Rule, build_rule
 
@@ -36,7 +43,11 @@ _TOP_KEYS = frozenset({"default_action", "rules"})
 _RULE_KEYS = frozenset({"id", "when", "then"})
 _WHEN_KEYS = frozenset({"target", "targets", "agent_id", "agent_ids", "step_kind", "arguments"})
 _THEN_KEYS = frozenset({"decision", "reason", "approval_config", "rate_limit", "budget", "judge"})
-_PREDICATE_KEYS = frozenset({"equals", "contains", "one_of", "regex"})
+_PREDICATE_KEYS = frozenset(
+    {"equals", "contains", "one_of", "regex"}  # Rebuno's, on the %v text
+    | {"gt", "gte", "lt", "lte", "type", "exists", "absent", "not"}  # Regent's, on the JSON value
+)
+_MAX_NOT_DEPTH = 4
 _APPROVAL_KEYS = frozenset({"approvers", "timeout", "message"})
 _RATE_LIMIT_KEYS = frozenset({"max_calls", "window", "per_what", "max_wait", "on_limiter_error"})
 _BUDGET_KEYS = frozenset({"max_tokens", "on_exceed"})
@@ -175,47 +186,83 @@ def _compile_arguments(reader: BundleReader, node: Node) -> tuple[Predicate, ...
         return ()
     predicates: list[Predicate] = []
     for key, key_node, value in reader.mapping(node, None, "when.arguments"):
-        where = f"when.arguments.{key}"
-        fields: dict[str, str] = {}
-        one_of: tuple[str, ...] = ()
-        regex_node: Node = value
-        if not reader.is_null(value):
-            for name, _, constraint in reader.mapping(value, _PREDICATE_KEYS, where):
-                if name == "regex":
-                    regex_node = constraint
-                if name == "one_of":
-                    one_of = tuple(reader.texts(constraint, f"{where}.one_of"))
-                else:
-                    fields[name] = reader.text(constraint, f"{where}.{name}")
-        equals, contains, regex = (
-            fields.get("equals", ""),
-            fields.get("contains", ""),
-            fields.get("regex", ""),
-        )
-        if not (equals or contains or one_of or regex):
-            reader.fail(
-                key_node,
-                f'argument "{key}" has no constraint (an empty predicate matches any value)',
-            )
-        search = None
-        if regex:
-            try:
-                search = compile_regex(regex)
-            except RegexError as exc:
-                reader.fail(regex_node, f'{where}.regex: invalid regex "{regex}": {exc}')
-        predicates.append(
-            Predicate(
-                key=key,
-                line=line_of(key_node),
-                equals=equals,
-                contains=contains,
-                one_of=one_of,
-                regex=regex,
-                one_of_set=frozenset(one_of),
-                search=search,
-            )
-        )
+        predicates.append(_compile_predicate(reader, key, key_node, value, f"when.arguments.{key}"))
     return tuple(predicates)
+
+
+def _compile_predicate(
+    reader: BundleReader, key: str, key_node: Node, value: Node, where: str, depth: int = 0
+) -> Predicate:
+    fields: dict[str, str] = {}
+    one_of: tuple[str, ...] = ()
+    regex_node: Node = value
+    checks: list[tuple[str, Callable[[Any], bool]]] = []
+    presence = ""
+    negated: Predicate | None = None
+    if not reader.is_null(value):
+        for name, name_node, constraint in reader.mapping(value, _PREDICATE_KEYS, where):
+            here = f"{where}.{name}"
+            if name == "regex":
+                regex_node = constraint
+            if name == "one_of":
+                one_of = tuple(reader.texts(constraint, here))
+            elif name in COMPARISONS:
+                bound, text = reader.number(constraint, here)
+                checks.append((name, comparison(name, bound, text)))
+            elif name == "type":
+                # `type: null` is YAML's null: read the scalar's text, whatever its tag.
+                word = reader.text(constraint, here) or getattr(constraint, "value", "")
+                if word in ("~", "Null", "NULL"):
+                    word = "null"
+                if word not in JSON_TYPES:
+                    reader.fail(constraint, f"{here} must be one of {', '.join(JSON_TYPES)}")
+                checks.insert(0, ("type", type_check(word)))
+            elif name in ("exists", "absent"):
+                flag = reader.boolean(constraint, here)
+                wanted = name if flag else ("absent" if name == "exists" else "exists")
+                if presence and presence != wanted:
+                    reader.fail(name_node, f"{where}: exists and absent contradict each other")
+                presence = wanted
+            elif name == "not":
+                if depth >= _MAX_NOT_DEPTH:
+                    reader.fail(name_node, f"{here}: `not` nested more than {_MAX_NOT_DEPTH} deep")
+                negated = _compile_predicate(reader, key, name_node, constraint, here, depth + 1)
+            else:
+                fields[name] = reader.text(constraint, here)
+    equals, contains, regex = (
+        fields.get("equals", ""),
+        fields.get("contains", ""),
+        fields.get("regex", ""),
+    )
+    text_checked = bool(equals or contains or one_of or regex)
+    if not (text_checked or checks or presence or negated):
+        reader.fail(
+            key_node,
+            f'argument "{key}" has no constraint (an empty predicate matches any value)',
+        )
+    if presence == "absent" and (text_checked or checks or negated):
+        reader.fail(key_node, f"{where}: absent cannot be combined with constraints on the value")
+    search = None
+    if regex:
+        try:
+            search = compile_regex(regex)
+        except RegexError as exc:
+            reader.fail(regex_node, f'{where}.regex: invalid regex "{regex}": {exc}')
+    return Predicate(
+        key=key,
+        line=line_of(key_node),
+        equals=equals,
+        contains=contains,
+        one_of=one_of,
+        regex=regex,
+        one_of_set=frozenset(one_of),
+        search=search,
+        checks=tuple(checks),
+        presence=presence,
+        negated=negated,
+        extended=bool(checks or presence or negated),
+        text_checked=text_checked,
+    )
 
 
 def _compile_then(reader: BundleReader, node: Node, rule_id: str, revision: str) -> Decision | None:

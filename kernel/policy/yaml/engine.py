@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kernel.domain.decision import Decision, PolicyInput, PolicyKind, Verdict
-from kernel.policy.yaml.lint import shadowed_rules
+from kernel.policy.yaml.lint import Lint, lint_rules, shadowed_rules
 from kernel.policy.yaml.predicate import args_decodable
 from kernel.policy.yaml.rule import Rule, RuleTrace
 
@@ -112,6 +112,11 @@ class YamlBundle:
         """``(rule_id, shadowing_rule_id)`` for rules an earlier rule always pre-empts (sound:
         only reported when every input the later rule matches is certain to match the earlier)."""
         return shadowed_rules(self.rules)
+
+    def lints(self) -> list[Lint]:
+        """Authoring warnings for `regent policy check` (unanchored allow regexes, numeric-looking
+        regexes, shadowed rules), each with its line."""
+        return lint_rules(self.rules)
 
     def __repr__(self) -> str:
         return f"YamlBundle(rules={len(self.rules)}, default_action={self.default_action.value!r}, revision={self.revision!r})"

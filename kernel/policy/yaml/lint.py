@@ -1,17 +1,24 @@
 """Static lint: rules that can never win because an earlier rule always matches first.
 
-Sound, not complete: a pair is reported only when every input the later rule matches provably
+`lint_rules` adds the authoring traps `regent policy check` warns about: an allow rule's regex
+that is not anchored at the start, and a regex that tries to compare numbers through their text.
+
+Shadowing is sound, not complete: a pair is reported only when every input the later rule matches provably
 matches the earlier one (same or wider step kind, agents, targets and argument predicates). A rule
 that is unreachable for subtler reasons is not reported.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
+from kernel.domain.decision import Verdict
 from kernel.policy.yaml.glob import Glob
 from kernel.policy.yaml.predicate import Predicate
 from kernel.policy.yaml.rule import Rule
 
-__all__ = ["covers", "shadowed_rules"]
+__all__ = ["Lint", "covers", "lint_rules", "shadowed_rules"]
 
 
 def shadowed_rules(rules: tuple[Rule, ...]) -> list[tuple[str, str]]:
@@ -91,6 +98,8 @@ def _target_condition_covered(any_of: tuple[Glob, ...], b: Rule) -> bool:
 
 def _implies(pb: Predicate, pa: Predicate) -> bool:
     """Whether every value text ``pb`` accepts is accepted by ``pa``."""
+    if pa.extended or pb.extended:
+        return False  # typed constraints, presence and `not` are not reasoned about (still sound)
     if pb.equals:
         values: tuple[str, ...] | None = (pb.equals,)
     elif pb.one_of:
@@ -104,3 +113,58 @@ def _implies(pb: Predicate, pa: Predicate) -> bool:
     if pa.contains and pa.contains not in pb.contains:
         return False
     return not pa.regex or pa.regex == pb.regex
+
+
+@dataclass(frozen=True, slots=True)
+class Lint:
+    """One warning: ``code`` is stable (``unanchored-regex``, ``numeric-regex``, ``shadowed``)."""
+
+    code: str
+    line: int
+    rule_id: str
+    message: str
+
+
+# A regex built only of digits, digit classes, dots, signs, groups, alternations and quantifiers.
+_NUMERIC_PIECES = re.compile(r"\\d|\[[0-9\-]+\]|\\[.+\-]|[0-9]|[()|?*+.,{}^$\-]|[eE]")
+_DIGIT = re.compile(r"\\d|\[[0-9\-]+\]|[0-9]")
+
+
+def numeric_looking(regex: str) -> bool:
+    """Whether ``regex`` only matches number-like text (``^[0-9]{4,}$``, ``^\\d+(\\.\\d+)?$``)."""
+    return bool(_DIGIT.search(regex)) and _NUMERIC_PIECES.sub("", regex) == ""
+
+
+def _regexes(rule: Rule) -> list[tuple[Predicate, bool]]:
+    """Every regex predicate of a rule, with whether it sits under a `not`."""
+    found: list[tuple[Predicate, bool]] = []
+    for top in rule.predicates:
+        p: Predicate | None = top
+        negated = False
+        while p is not None:
+            if p.regex:
+                found.append((p, negated))
+            p, negated = p.negated, not negated
+    return found
+
+
+def lint_rules(rules: tuple[Rule, ...]) -> list[Lint]:
+    """The authoring warnings for a compiled rule list, in file order (shadowing included)."""
+    lints: list[Lint] = []
+    by_id = {rule.id: rule for rule in rules}
+    for rule in rules:
+        for p, negated in _regexes(rule):
+            where = f"arguments.{p.key}.regex"
+            if numeric_looking(p.regex):
+                lints.append(Lint("numeric-regex", p.line, rule.id, (
+                    f'{where} "{p.regex}" compares a number through its text: numbers render as '
+                    'Go prints them (1000000 is "1e+06", 0.00001 is "1e-05") and the string "500" '
+                    "matches too; use `type: number` with gt/gte/lt/lte (a Regent extension)")))
+            if rule.decision.verdict is Verdict.ALLOW and not negated and not p.regex.startswith(("^", "\\A")):
+                lints.append(Lint("unanchored-regex", p.line, rule.id, (
+                    f'{where} "{p.regex}" is not anchored: RE2 searches anywhere in the value, so '
+                    f'this allow rule also matches text that merely contains it; anchor it with ^…$')))
+    for rule_id, by in shadowed_rules(rules):
+        rule = by_id[rule_id]
+        lints.append(Lint("shadowed", rule.line, rule_id, f"never matches: shadowed by rule {by}"))
+    return sorted(lints, key=lambda x: x.line)

@@ -22,6 +22,7 @@ __all__ = ["BundleReader", "bundle_error", "parse_document"]
 
 _TAG = "tag:yaml.org,2002:"
 STR, INT, NULL = _TAG + "str", _TAG + "int", _TAG + "null"
+FLOAT, BOOL = _TAG + "float", _TAG + "bool"
 # Scalar tags whose text we accept; explicit application tags (`!foo`, `!!binary`) are refused.
 _SCALAR_TAGS = frozenset(
     _TAG + t for t in ("str", "int", "float", "bool", "null", "timestamp", "merge", "value")
@@ -175,6 +176,30 @@ class BundleReader:
         if not _INT64[0] <= value <= _INT64[1]:
             self.fail(node, f"{where} is out of range for a 64-bit integer")
         return value
+
+    def number(self, node: Node, where: str) -> tuple[int | float, str]:
+        """A YAML int or float (a Regent extension's bound), with its source text; a string,
+        NaN or an infinity is an error."""
+        self._spend(node)
+        if not isinstance(node, ScalarNode) or node.tag not in (INT, FLOAT):
+            hint = ""
+            if isinstance(node, ScalarNode) and node.tag == STR:
+                hint = " (YAML reads 1e6 as a string: write 1000000 or 1.0e+6)"
+            self.fail(node, f"{where} must be a number, got {_describe(node)}{hint}")
+        value: int | float
+        if node.tag == INT:
+            value = self.integer(node, where)
+            return value, str(value)
+        value = float(_INT_CONSTRUCTOR.construct_yaml_float(node))
+        if value != value or value in (float("inf"), float("-inf")):
+            self.fail(node, f"{where} must be a finite number, got {_describe(node)}")
+        return value, node.value.replace("_", "")
+
+    def boolean(self, node: Node, where: str) -> bool:
+        self._spend(node)
+        if not isinstance(node, ScalarNode) or node.tag != BOOL:
+            self.fail(node, f"{where} must be true or false, got {_describe(node)}")
+        return bool(_INT_CONSTRUCTOR.construct_yaml_bool(node))
 
     def duration(self, node: Node, where: str) -> float:
         """A Go duration written as a YAML string (``timeout: 300`` is an error); null is 0."""

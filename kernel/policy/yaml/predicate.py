@@ -13,7 +13,17 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["Predicate", "args_decodable", "format_float", "format_value"]
+__all__ = [
+    "COMPARISONS",
+    "JSON_TYPES",
+    "Predicate",
+    "args_decodable",
+    "comparison",
+    "format_float",
+    "format_value",
+    "is_number",
+    "type_check",
+]
 
 
 def format_value(value: Any) -> str:
@@ -122,9 +132,61 @@ def args_decodable(args: Any) -> bool:
     return True
 
 
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "number": lambda v: isinstance(v, (int, float, Decimal)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, (list, tuple)),
+    "null": lambda v: v is None,
+}
+JSON_TYPES = tuple(_JSON_TYPES)
+COMPARISONS = ("gt", "gte", "lt", "lte")
+_COMPARE = {
+    "gt": lambda a, b: a > b,
+    "gte": lambda a, b: a >= b,
+    "lt": lambda a, b: a < b,
+    "lte": lambda a, b: a <= b,
+}
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, Decimal)) and not isinstance(value, bool)
+
+
+def type_check(name: str) -> Callable[[Any], bool]:
+    """`type: NAME` on the JSON value (string, number, bool, object, array, null)."""
+    return _JSON_TYPES[name]
+
+
+def comparison(op: str, bound: int | float, text: str) -> Callable[[Any], bool]:
+    """`gt`/`gte`/`lt`/`lte` on the JSON value: only numbers compare (a string "500" never does).
+
+    ints and floats compare exactly against the bound as written (Python compares int and float
+    mathematically); args decoded with ``parse_float=Decimal`` compare against the bound's text.
+    """
+    compare = _COMPARE[op]
+    exact = Decimal(text) if text else Decimal(bound)
+
+    def check(value: Any) -> bool:
+        t = type(value)
+        if t is int or t is float:
+            return bool(compare(value, bound))
+        if t is Decimal:
+            return bool(compare(value, exact))
+        return False
+
+    return check
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Predicate:
-    """One compiled ``arguments.<key>`` predicate. Empty/None constraints are unset."""
+    """One compiled ``arguments.<key>`` predicate. Empty/None constraints are unset.
+
+    Rebuno's constraints (``equals``, ``contains``, ``one_of``, ``regex``) compare the ``%v`` text;
+    Regent's typed ones (``checks``: ``type``, ``gt``…; ``presence``: ``exists``/``absent``;
+    ``negated``: ``not``) look at the JSON value. ``extended`` is set when any typed one is.
+    """
 
     key: str
     line: int
@@ -134,6 +196,11 @@ class Predicate:
     regex: str = ""
     one_of_set: frozenset[str] = frozenset()
     search: Callable[[str], bool] | None = None
+    checks: tuple[tuple[str, Callable[[Any], bool]], ...] = ()  # (constraint name, test)
+    presence: str = ""  # "" (the key must be present), "exists" or "absent"
+    negated: Predicate | None = None
+    extended: bool = False
+    text_checked: bool = True  # any of the string constraints is set
 
     def first_failure(self, text: str) -> str | None:
         """The first constraint ``text`` fails (``equals``, ``contains``, ``one_of``, ``regex``)."""
@@ -149,3 +216,29 @@ class Predicate:
 
     def accepts(self, text: str) -> bool:
         return self.first_failure(text) is None
+
+    def failure_in(self, args: dict[str, Any]) -> str | None:
+        """The first constraint this predicate fails against ``args`` (already a dict): ``exists``
+        (key missing), ``absent`` (key present), a typed constraint's name, a string
+        constraint's name or ``not``; None when it holds."""
+        present = self.key in args
+        if self.presence == "absent":
+            return "absent" if present else None
+        if not present:
+            if self.negated is not None and not self.checks and not self.text_checked and not self.presence:
+                return None if self.negated.failure_in(args) is not None else "not"
+            return "exists"
+        value = args[self.key]
+        for name, check in self.checks:
+            if not check(value):
+                return name
+        if self.text_checked:
+            failed = self.first_failure(value if type(value) is str else format_value(value))
+            if failed is not None:
+                return failed
+        if self.negated is not None and self.negated.failure_in(args) is None:
+            return "not"
+        return None
+
+    def holds_in(self, args: dict[str, Any]) -> bool:
+        return self.failure_in(args) is None

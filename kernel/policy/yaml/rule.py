@@ -75,6 +75,10 @@ class Rule:
     def args_match(self, args: dict[str, Any]) -> bool:
         """The `arguments` predicates against args already known to be decodable (a dict)."""
         for predicate in self.predicates:
+            if predicate.extended:  # Regent's typed constraints (exists/absent, type, gt…, not)
+                if predicate.failure_in(args) is not None:
+                    return False
+                continue
             if predicate.key not in args:
                 return False
             value = args[predicate.key]
@@ -104,6 +108,14 @@ class Rule:
         args: dict[str, Any] = inp.args
         for predicate in self.predicates:
             where = f"arguments.{predicate.key}"
+            if predicate.extended:
+                failed = predicate.failure_in(args)
+                if failed is None:
+                    continue
+                if failed == "exists":
+                    return where, f'args has no key "{predicate.key}"'
+                shown = format_value(args[predicate.key]) if predicate.key in args else ""
+                return f"{where}.{failed}", f"value {_clip(shown)!r} ({_json_type(args.get(predicate.key))}) fails {failed}"
             if predicate.key not in args:
                 return where, f'args has no key "{predicate.key}"'
             text = format_value(args[predicate.key])
@@ -190,6 +202,20 @@ def _all(checks: list[_Check]) -> _Check:
         return all(c(inp) for c in frozen)
 
     return check
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return "number"
 
 
 def _clip(text: str, limit: int = 80) -> str:
