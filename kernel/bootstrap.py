@@ -67,6 +67,25 @@ def background_hooks(settings: Settings, kernel: Kernel) -> list[Any]:
     return [dispatcher, sweeper]
 
 
+def decision_log_hooks(decision_log: Any) -> list[Any]:
+    """The decision log's threads run while the app serves; at shutdown what is buffered gets
+    one bounded last attempt (kernel/decisionlog)."""
+    if decision_log is None:
+        return []
+
+    async def hook(app: FastAPI) -> Any:
+        decision_log.start()
+
+        async def stop() -> None:
+            import anyio
+
+            await anyio.to_thread.run_sync(decision_log.close)
+
+        return stop
+
+    return [hook]
+
+
 def stream_hooks(settings: Settings, store: SqlStore) -> list[Any]:
     """The stream side channel's broker: LISTEN/NOTIFY on PostgreSQL (replicas share deltas);
     on SQLite the routes make an in-process broker on first use (one kernel per file)."""
@@ -89,6 +108,9 @@ def build_runtime(settings: Settings) -> Runtime:
 
     assert settings.db_url, "db_url is required"
     manifest = load_manifest(settings.config) if settings.config else None  # fail before the store opens
+    from kernel.decisionlog import build_decision_log
+
+    decision_log = build_decision_log(settings)  # a bad mask rule fails here too
     from kernel.ratelimit import LimitsLimiter
 
     limiter = LimitsLimiter(settings.rate_limit_storage)  # a bad URI fails before the store opens
@@ -105,7 +127,8 @@ def build_runtime(settings: Settings) -> Runtime:
     resolver = BundleResolver(
         store, rego=LazyRegoEngine(size=settings.rego_workers, timeout=settings.rego_timeout)
     )
-    kernel = build_kernel(settings, store, policy=resolver, limiter=limiter)
+    extra: dict[str, Any] = {"decision_log": decision_log} if decision_log is not None else {}
+    kernel = build_kernel(settings, store, policy=resolver, limiter=limiter, **extra)
     if manifest is not None:
         try:
             provision(kernel, manifest)
@@ -123,7 +146,12 @@ def build_runtime(settings: Settings) -> Runtime:
         console_session_key=(settings.console_session_key.get_secret_value().encode()
                              if settings.console_session_key else None),
         console_session_ttl_seconds=settings.console_session_ttl,
-        lifespan_hooks=stream_hooks(settings, store) + background_hooks(settings, kernel),
+        lifespan_hooks=stream_hooks(settings, store) + background_hooks(settings, kernel)
+        + decision_log_hooks(decision_log),
     )
+    if decision_log is not None:
+        from kernel.decisionlog import DecisionLogCollector
+
+        app.state.metrics_registry.register(DecisionLogCollector(decision_log))
     app.state.stream_keepalive_seconds = settings.stream_keepalive_seconds
     return Runtime(settings, store, kernel, app, closers=[limiter.close, resolver.close], manifest=manifest)

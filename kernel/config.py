@@ -54,6 +54,13 @@ _DURATIONS = (
     "rego_timeout",
     "agent_cache_ttl",
     "console_session_ttl",
+    "decision_log_flush_interval",
+    "decision_log_timeout",
+    "decision_log_retry_min_delay",
+    "decision_log_retry_max_delay",
+    "bundle_min_delay",
+    "bundle_max_delay",
+    "bundle_timeout",
 )
 
 
@@ -115,6 +122,32 @@ class Settings(BaseSettings):
     # restart signs everyone out and replicas do not share sessions) and how long a session lasts
     console_session_key: SecretStr | None = None
     console_session_ttl: float = 8 * 3600.0
+
+    # Decision logs (docs/policy-rollout.md): off unless a sink is set
+    decision_log_file: str | None = None
+    decision_log_file_max_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
+    decision_log_file_backups: int = Field(default=5, ge=0)
+    decision_log_console: bool = False
+    decision_log_url: str | None = None
+    decision_log_token: SecretStr | None = None
+    decision_log_buffer_size: int = Field(default=10_000, ge=1)
+    decision_log_batch_size: int = Field(default=500, ge=1)
+    decision_log_flush_interval: float = 1.0
+    decision_log_timeout: float = 10.0
+    decision_log_retry_min_delay: float = 0.5
+    decision_log_retry_max_delay: float = 30.0
+    decision_log_mask: str | None = None
+
+    # Bundles pulled from a bundle server (docs/policy-rollout.md)
+    bundle_server_url: str | None = None
+    bundle_server_token: SecretStr | None = None
+    bundle_min_delay: float = 60.0
+    bundle_max_delay: float = 120.0
+    bundle_timeout: float = 10.0
+    bundle_verification_key: str | None = None
+    bundle_verification_key_id: str | None = None
+    bundle_verification_algorithm: str = "RS256"
+    bundle_verification_scope: str | None = None
 
     @field_validator(*_DURATIONS, mode="before")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from kernel.core import decision_log as dlog
 from kernel.core import events as ev
 from kernel.core.dispatch import enqueue
 from kernel.core.kernel import Kernel
@@ -51,7 +52,7 @@ def decide_approval(
         raise NotFound("approval not found")
     who = principal.name if principal.name is not None else decided_by
     asserted = decided_by if principal.name is not None else None
-    with k.store.transaction(lock=a0.execution_id) as tx:
+    with dlog.collect(k), k.store.transaction(lock=a0.execution_id) as tx:
         a = tx.get_approval(approval_id)
         assert a is not None
         if a.status != ApprovalStatus.PENDING:
@@ -66,6 +67,9 @@ def decide_approval(
         status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
         tx.set_approval(a.id, status=status, decided_by=who, asserted_by=asserted, decided_at=now, rationale=rationale)
         extra = {"decided_by": who or None, "rationale": rationale or None}
+        dlog.note_approval(k, a, e.agent_id, kind, target,
+                           (EventType.APPROVAL_GRANTED if grant else EventType.APPROVAL_DENIED).value, now,
+                           decided_by=who or None, rationale=rationale or None)
         if grant:
             tx.update_step(a.step_id, status=StepStatus.ALLOWED)
             out = [
@@ -96,7 +100,7 @@ def expire_approvals(k: Kernel, limit: int = 100) -> int:
         due = tx.expired_approvals(now, limit)
     n = 0
     for a0 in due:
-        with k.store.transaction(lock=a0.execution_id) as tx:
+        with dlog.collect(k), k.store.transaction(lock=a0.execution_id) as tx:
             a = tx.get_approval(a0.id)
             if a is None or a.status != ApprovalStatus.PENDING or a.timeout_at > now:
                 continue
@@ -107,6 +111,8 @@ def expire_approvals(k: Kernel, limit: int = 100) -> int:
             kind, target = (s.kind, s.target) if s else ("", None)
             error = {"reason": "approval_timeout"}
             tx.set_approval(a.id, status=ApprovalStatus.EXPIRED, decided_at=now, rationale="timeout")
+            dlog.note_approval(k, a, e.agent_id, kind, target, EventType.APPROVAL_EXPIRED.value, now,
+                               decided_by=None, rationale="timeout")
             tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
             out = [
                 ev.approval(EventType.APPROVAL_EXPIRED, a, "expired", rationale="timeout"),

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from kernel.clock import Clock, SystemClock
-from kernel.core.ports import Limiter, NoLimiter, PermissiveResolver, PolicyResolver
+from kernel.core.ports import (
+    DecisionLog,
+    Limiter,
+    NoDecisionLog,
+    NoLimiter,
+    PermissiveResolver,
+    PolicyResolver,
+)
 from kernel.store import SqlStore
 
 # The longest lease an agent may ask for (one day). A lease is a crash-detection period (a longer
@@ -70,6 +77,7 @@ class Kernel:
     secrets: SecretCache = field(default_factory=SecretCache)
     # Dispatch claims that raised and were skipped (kernel/core/dispatch.py); /metrics shows it.
     dispatch_claims_skipped: int = 0
+    decision_log: DecisionLog = field(default_factory=NoDecisionLog)
 
     def __post_init__(self) -> None:
         self.secrets.ttl = self.agent_cache_ttl

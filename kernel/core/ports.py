@@ -7,7 +7,7 @@ factory is the one place that picks concrete classes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from kernel.domain import Decision, PolicyInput, RateLimitSpec
 from kernel.store import Tx
@@ -53,3 +53,19 @@ class Limiter(Protocol):
 class NoLimiter:
     def hit(self, key: str, spec: RateLimitSpec) -> LimitOutcome:
         return LimitOutcome(admitted=True)
+
+
+class DecisionLog(Protocol):
+    """Where the core hands decision-log entries once their transaction has committed
+    (kernel/decisionlog). `submit` never blocks on a sink and never raises."""
+
+    enabled: bool
+
+    def submit(self, entries: list[dict[str, Any]]) -> None: ...
+
+
+class NoDecisionLog:
+    enabled = False
+
+    def submit(self, entries: list[dict[str, Any]]) -> None:
+        return None

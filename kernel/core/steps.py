@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kernel.clock import rfc3339
+from kernel.core import decision_log as dlog
 from kernel.core import events as ev
 from kernel.core.dispatch import check_attempt, park_until
 from kernel.core.executions import load_owned, owned
@@ -87,6 +88,13 @@ def bucket_key(rule_id: str, per_what: str, e: Execution) -> str:
 def submit_step(
     k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest
 ) -> StepAnswer:
+    with dlog.collect(k):  # decision-log entries leave only once the transaction has committed
+        return _submit_step(k, agent_id, execution_id, dispatch_id, attempt, req)
+
+
+def _submit_step(
+    k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest
+) -> StepAnswer:
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
         e0, d, occurrence = tx.submit_context(execution_id, dispatch_id, req.kind, req.target, req.args_hash)
@@ -147,36 +155,45 @@ def _decide_new(
     k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest,
     dispatch_id: str, attempt: int, now: datetime,
 ) -> StepAnswer:
+    usage_in, usage_out = e.usage_input, e.usage_output  # read with the row, under the lock
+    inp = PolicyInput(
+        agent_id=e.agent_id,
+        kind=req.kind,
+        target=req.target,
+        args=req.args,
+        idempotency=req.idempotency,
+        execution={
+            "id": e.id,
+            "agent_id": e.agent_id,
+            "input": e.input,
+            "created_at": rfc3339(e.created_at),
+        },
+        usage={"input_tokens": usage_in, "output_tokens": usage_out},
+        now=rfc3339(now),
+    )
     if req.idempotency == Idempotency.AT_MOST_ONCE and tx.has_indeterminate_failure(
         e.id, req.kind, req.target, req.args_hash
     ):
         decision = INDETERMINATE_RETRY
     else:
-        usage_in, usage_out = e.usage_input, e.usage_output  # read with the row, under the lock
-        decision = k.policy.decide(
-            PolicyInput(
-                agent_id=e.agent_id,
-                kind=req.kind,
-                target=req.target,
-                args=req.args,
-                idempotency=req.idempotency,
-                execution={
-                    "id": e.id,
-                    "agent_id": e.agent_id,
-                    "input": e.input,
-                    "created_at": rfc3339(e.created_at),
-                },
-                usage={"input_tokens": usage_in, "output_tokens": usage_out},
-                now=rfc3339(now),
-            ),
-            tx=tx,
-        )
+        decision = k.policy.decide(inp, tx=tx)
         limited = _apply_rate_limit(k, tx, e, sid, req, decision, dispatch_id, attempt, now)
         if limited is not None:
+            dlog.note_step(k, e, sid, inp, decision, EventType.STEP_RATE_LIMITED.value, now,
+                           outcome=limited.decision, reason=limited.reason)
             return limited
         decision = _apply_budget(decision, usage_in + usage_out)
     _renew(tx, dispatch_id, e.id, attempt, now)
-    return _record(k, tx, e, sid, occurrence, req, decision, now)
+    answer = _record(k, tx, e, sid, occurrence, req, decision, now)
+    dlog.note_step(k, e, sid, inp, decision, _DECISION_EVENTS[decision.verdict].value, now)
+    return answer
+
+
+_DECISION_EVENTS = {
+    Verdict.ALLOW: EventType.STEP_ALLOWED,
+    Verdict.DENY: EventType.STEP_DENIED,
+    Verdict.REQUIRE_APPROVAL: EventType.STEP_AWAITING_APPROVAL,
+}
 
 
 def _apply_rate_limit(

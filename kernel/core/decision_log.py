@@ -1,0 +1,150 @@
+"""Decision-log entries (OPA's shape plus Regent's ids), noted where a decision is recorded and
+handed to the kernel's decision log only after that transaction commits.
+
+A use case runs inside `collect(k)`: `note_*` appends to the batch of the running use case; the
+batch is submitted when the block ends normally (the transaction has committed by then) and
+dropped when it raises (the decision was rolled back, so it never happened).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from datetime import datetime
+from typing import Any
+
+from kernel.clock import rfc3339
+from kernel.core.kernel import Kernel
+from kernel.domain import Approval, Decision, Execution, PolicyInput
+from kernel.identity import new_uuid7
+
+_batch: ContextVar[list[dict[str, Any]] | None] = ContextVar("regent_decision_batch", default=None)
+
+STEP_PATH = "regent/step"
+APPROVAL_PATH = "regent/approval"
+SHADOW_PATH = "regent/shadow"
+_ERROR_RULES = ("eval-error", "bundle-error")
+
+
+@contextlib.contextmanager
+def collect(k: Kernel) -> Iterator[None]:
+    if not k.decision_log.enabled:
+        yield
+        return
+    batch: list[dict[str, Any]] = []
+    token = _batch.set(batch)
+    try:
+        yield
+    finally:
+        _batch.reset(token)
+    if batch:
+        k.decision_log.submit(batch)
+
+
+def _note(entry: dict[str, Any]) -> None:
+    batch = _batch.get()
+    if batch is not None:
+        batch.append(entry)
+
+
+def input_document(inp: PolicyInput) -> dict[str, Any]:
+    """The input the bundle was asked about (regent.md §3), as a shallow dict (masking copies)."""
+    return {"agent_id": inp.agent_id, "kind": inp.kind, "target": inp.target, "args": inp.args,
+            "idempotency": inp.idempotency, "execution": inp.execution, "usage": inp.usage,
+            "now": inp.now}
+
+
+def _bundles(agent_id: str, d: Decision) -> dict[str, Any]:
+    if not d.policy_revision and d.policy_kind.value == "none":
+        return {}
+    bundle: dict[str, Any] = {"revision": d.policy_revision, "kind": d.policy_kind.value}
+    policy_hash = getattr(d, "policy_hash", "")
+    if policy_hash:
+        bundle["policy_hash"] = policy_hash
+    return {agent_id: bundle}
+
+
+def result_of(d: Decision) -> dict[str, Any]:
+    out: dict[str, Any] = {"decision": d.verdict.value, "rule_id": d.rule_id}
+    if d.reason:
+        out["reason"] = d.reason
+    return out
+
+
+def note_step(k: Kernel, e: Execution, step_id: str | None, inp: PolicyInput, d: Decision, event: str,
+              now: datetime, *, outcome: str | None = None, reason: str | None = None) -> None:
+    """A step decision: `event` is the decision event recorded (step.allowed, step.denied,
+    step.awaiting_approval, step.rate_limited); `outcome`/`reason` what the kernel did when it
+    differs from the bundle's verdict (rate limit, budget)."""
+    if not k.decision_log.enabled:
+        return
+    result = result_of(d)
+    if outcome is not None:
+        result["outcome"] = outcome
+    if reason:
+        result["reason"] = reason
+    entry: dict[str, Any] = {
+        "decision_id": new_uuid7(),
+        "path": STEP_PATH,
+        "event": event,
+        "input": input_document(inp),
+        "result": result,
+        "bundles": _bundles(e.agent_id, d),
+        "timestamp": rfc3339(now),
+        "execution_id": e.id,
+        "step_id": step_id,
+        "rule_id": d.rule_id,
+        "agent_id": e.agent_id,
+        "requested_by": e.agent_id,
+    }
+    if d.rule_id in _ERROR_RULES:
+        entry["error"] = {"code": d.rule_id, "message": d.reason}
+    _note(entry)
+
+
+def note_approval(k: Kernel, a: Approval, agent_id: str, kind: str, target: str | None, event: str,
+                  now: datetime, *, decided_by: str | None, rationale: str | None) -> None:
+    """An approval resolved: granted, denied (by a person) or expired (by the sweep)."""
+    if not k.decision_log.enabled:
+        return
+    status = event.split(".", 1)[1]
+    _note({
+        "decision_id": new_uuid7(),
+        "path": APPROVAL_PATH,
+        "event": event,
+        "input": {"approval_id": a.id, "kind": kind, "target": target, "approvers": a.approvers},
+        "result": {"decision": status, "decided_by": decided_by, "rationale": rationale},
+        "bundles": {},
+        "timestamp": rfc3339(now),
+        "execution_id": a.execution_id,
+        "step_id": a.step_id,
+        "rule_id": None,
+        "agent_id": agent_id,
+        "requested_by": decided_by,
+    })
+
+
+def note_shadow(k: Kernel, e: Execution, step_id: str, inp: PolicyInput, active: Decision,
+                shadow: Decision, now: datetime, *, error: str | None = None) -> None:
+    """A shadow bundle that disagreed with (or failed beside) the active one. The result is the
+    shadow's; `active` holds the enforced decision."""
+    if not k.decision_log.enabled:
+        return
+    entry: dict[str, Any] = {
+        "decision_id": new_uuid7(),
+        "path": SHADOW_PATH,
+        "event": "shadow.disagreed" if error is None else "shadow.failed",
+        "input": input_document(inp),
+        "result": {**result_of(shadow), "active": result_of(active)},
+        "bundles": {**_bundles(e.agent_id + "#shadow", shadow)},
+        "timestamp": rfc3339(now),
+        "execution_id": e.id,
+        "step_id": step_id,
+        "rule_id": shadow.rule_id,
+        "agent_id": e.agent_id,
+        "requested_by": e.agent_id,
+    }
+    if error is not None:
+        entry["error"] = {"code": "shadow-error", "message": error}
+    _note(entry)
