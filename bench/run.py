@@ -30,6 +30,7 @@ from rich.table import Table
 
 from bench import fixtures
 from bench.client import Run, percentile
+from bench.console import CONSOLE
 from bench.scenarios import (
     FULL,
     LOCAL_SCENARIOS,
@@ -41,6 +42,8 @@ from bench.scenarios import (
     Target,
 )
 from bench.servers import DEFAULT_PG_URL, pg_scratch, pg_version, serve_bare, serve_kernel
+
+SCENARIOS = [*SCENARIOS, CONSOLE]
 
 console = Console(soft_wrap=True)
 if not console.is_terminal:
@@ -107,7 +110,7 @@ def run_scenarios(live: list[tuple[Target, dict[str, Any]]], scenarios: list[Sce
                 out.append(bad[0])
             else:
                 out.append(Result(rs[0].scenario, rs[0].target, Run.merge([r.run for r in rs if r.run]),
-                                  op=rs[0].op, extra=rs[0].extra))
+                                  op=rs[0].op, extra=rs[0].extra, figures=[f for r in rs for f in r.figures]))
     return out
 
 

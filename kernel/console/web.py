@@ -4,6 +4,7 @@ cookie → a principal), scope and CSRF checks, and errors rendered as pages ins
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,6 +53,15 @@ def _compact(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _preview(value: Any, limit: int = 120) -> tuple[str, str | None]:
+    """(one-line text, the indented whole when the line had to be cut): a short value is shown
+    as it is, a long one collapsed behind its first `limit` characters."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    if len(text) <= limit:
+        return text, None
+    return text[: limit - 1] + "…", _pretty(value)
+
+
 def _duration(seconds: float) -> str:
     s = int(abs(seconds))
     if s < 60:
@@ -70,7 +80,7 @@ templates = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-templates.filters.update(when=_when, pretty=_pretty, compact=_compact, duration=_duration, urlquote=quote)
+templates.filters.update(when=_when, pretty=_pretty, compact=_compact, preview=_preview, duration=_duration, urlquote=quote)
 
 
 class SignInRequired(Exception):
@@ -144,6 +154,7 @@ def nav(v: Viewer) -> list[tuple[str, str, str]]:
     """(path, label, id) of the pages this visitor may open."""
     items = [
         ("/console/executions", "Executions", "executions", ("executions:read",)),
+        ("/console/approvals", "Approvals", "approvals", ("approvals:read",)),
         ("/console/policies", "Policies", "policies", ("policies:write",)),
         ("/console/playground", "Playground", "playground", ("policies:write",)),
     ]
@@ -186,6 +197,14 @@ class ConsoleRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def run(request: Request) -> Response:
+            started = time.perf_counter()
+            response = await handle(request)
+            # The page's own time, so `regent bench` (and a browser's devtools) can tell the
+            # server's share of a page load from the network's.
+            response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1e3:.2f}"
+            return response
+
+        async def handle(request: Request) -> Response:
             try:
                 return await handler(request)
             except SignInRequired:

@@ -12,7 +12,7 @@ from kernel.core.kernel import Kernel
 from kernel.domain import Approval, Event, EventType, Execution, Step
 from kernel.errors import ValidationError
 
-TIMELINE_EVENTS = 10_000  # events shown per timeline page; the rest are one "later events" link away
+TIMELINE_EVENTS = 500  # events per timeline page (about 125 steps); the rest are a "later events" link away
 _DECISIONS = {
     EventType.STEP_ALLOWED.value: "allow",
     EventType.STEP_DENIED.value: "deny",
@@ -83,7 +83,8 @@ def timeline(k: Kernel, execution_id: str, after_seq: int = 0, limit: int = TIME
     with k.store.read() as tx:
         e = load_owned(tx, execution_id, None)
         events = tx.list_events(execution_id, after_seq, limit + 1)
-        steps = {s.step_id: s for s in tx.list_steps(execution_id)}
+        ids = {sid for ev in events[:limit] if isinstance(sid := ev.payload.get("step_id"), str)}
+        steps = {s.step_id: s for s in tx.get_steps(execution_id, sorted(ids))}
         approvals = {a.step_id: a for a in tx.list_approvals(None, execution_id=execution_id)}
         execution_seq = tx.last_event_seq(execution_id)
     more = len(events) > limit

@@ -375,6 +375,15 @@ class Tx(DispatchQueries):
         q = q.order_by(t.steps.c.started_at, t.steps.c.step_id)
         return [codec.to_step(r) for r in self.conn.execute(q).all()]
 
+    def get_steps(self, execution_id: str, step_ids: Sequence[str]) -> list[Step]:
+        """The execution's steps among `step_ids` (in batches: a bound-parameter list is finite)."""
+        out: list[Step] = []
+        for lo in range(0, len(step_ids), 500):
+            q = select(t.steps).where(t.steps.c.execution_id == execution_id,
+                                      t.steps.c.step_id.in_(step_ids[lo:lo + 500]))
+            out += [codec.to_step(r) for r in self.conn.execute(q).all()]
+        return out
+
     def insert_step(self, s: Step, args_text: str | None) -> None:
         INSERT_STEP.run(
             self.w,

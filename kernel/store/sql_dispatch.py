@@ -157,6 +157,16 @@ class DispatchQueries:
         q = q.order_by(t.approvals.c.created_at, t.approvals.c.id)
         return [codec.to_approval(r) for r in self.conn.execute(q).all()]
 
+    def recently_decided_approvals(self, limit: int) -> list[Approval]:
+        """Granted, denied or expired approvals, the latest decided first."""
+        q = (
+            select(t.approvals)
+            .where(t.approvals.c.status != "pending", t.approvals.c.decided_at.is_not(None))
+            .order_by(t.approvals.c.decided_at.desc(), t.approvals.c.id.desc())
+            .limit(limit)
+        )
+        return [codec.to_approval(r) for r in self.conn.execute(q).all()]
+
     def expired_approvals(self, now: datetime, limit: int) -> list[Approval]:
         q = (
             select(t.approvals)

@@ -145,7 +145,8 @@ def console_kernel(tmp: Path, command: str = "dev", agent_ids: tuple[str, ...] =
     manifest = tmp / "regent.yaml"
     manifest.write_text("\n".join(lines) + "\n")
     extra = {"REGENT_BEARER_TOKEN": BOOTSTRAP_TOKEN} if command == "serve" else {}
-    proc = KernelProc(command, free_port(), db_url, manifest, tmp / "kernel.out", E2E_SECRET=SECRET,
+    # A kernel per module, so a generous start-up bound: on a loaded machine imports alone take seconds.
+    proc = KernelProc(command, free_port(), db_url, manifest, tmp / "kernel.out", ready_timeout=60.0, E2E_SECRET=SECRET,
                       **{**DEV_KERNEL_ENV, **extra, **env})
     k = ConsoleKernel(proc, tmp, BOOTSTRAP_TOKEN if command == "serve" else None)
     try:

@@ -45,8 +45,8 @@ def test_timeline_of_a_completed_execution_shows_each_steps_decision_and_rule_id
     assert allowed.locator("td.decision [title]").get_attribute("title") == revision
     assert page.locator("#execution-status").inner_text() == "completed"
     assert page.locator("[data-live]").count() == 0  # a finished execution does not poll
-    allowed.locator("details summary").first.click()
-    assert '"command": "ls -la"' in allowed.locator("pre.args").inner_text()
+    assert allowed.locator(".args").inner_text() == '{"command":"ls -la"}'
+    assert allowed.locator(".result").inner_text() == '"ran shell_exec"'
     shot(page, "timeline")
 
 
@@ -87,9 +87,8 @@ def test_a_step_whose_args_hold_a_script_renders_as_text(ck: ConsoleKernel, page
     eid = ck.run("ops", [{"tool": "note", "args": {"text": XSS}}], "completed")
     page.goto(f"{ck.url}/console/executions/{eid}")
     row = page.locator("tr.step").first
-    row.locator("details summary").first.click()
-    assert XSS in row.locator("pre.args").inner_text()
-    assert XSS in page.locator("summary code").first.inner_text()  # the input, shown collapsed
+    assert row.locator(".args").inner_text() == '{"text":"<script>alert(1)</script>"}'
+    assert XSS in page.locator(".summary .input").inner_text()
     assert page.evaluate("document.scripts.length") == 1  # only the console's own script
     page.goto(f"{ck.url}/console/executions")  # the input preview in the list
     assert XSS in page.locator("td.clip").first.inner_text()
@@ -214,3 +213,14 @@ def test_playground_reports_a_candidate_that_does_not_compile(ck: ConsoleKernel,
     errors = page.locator("#playground-errors")
     errors.wait_for()
     assert re.search(r"candidate\.yaml:\d+: ", errors.inner_text())
+
+
+def test_a_long_value_is_collapsed_and_opens_to_the_whole_of_it(ck: ConsoleKernel, page: Any) -> None:
+    text = "word " * 80
+    eid = ck.run("ops", [{"tool": "note", "args": {"text": text}}], "completed")
+    page.goto(f"{ck.url}/console/executions/{eid}")
+    row = page.locator("tr.step").first
+    pre = row.locator("pre.args")
+    assert not pre.is_visible()  # collapsed behind its first characters
+    row.locator("details summary").first.click()
+    assert pre.is_visible() and text.strip() in pre.inner_text()

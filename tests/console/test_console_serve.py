@@ -91,3 +91,40 @@ def test_no_page_renders_a_secret(served: Any, page: Any) -> None:
         assert SECRET not in html, path
         assert BOOTSTRAP_TOKEN not in html, path
         assert not any(t in html for t in tokens.values()), path
+
+
+def test_an_approval_asked_by_policy_is_granted_in_the_inbox_and_the_execution_completes(served: Any, page: Any) -> None:
+    k, tokens = served
+    eid = k.run("ops", [RM], "blocked")
+    approval = k.pending(eid)
+    sign_in(page, k.url, tokens["oncall"], "/console/approvals")
+    row = page.locator(f"#approval-{approval['id']}")
+    assert row.locator(".target").inner_text() == "shell_exec"
+    assert row.locator(".args").inner_text() == '{"command":"rm -rf /tmp/x"}'
+    assert "oncall" in row.inner_text()  # the rule's approvers
+    assert row.locator("input[name=decided_by]").count() == 0  # a key decides as its own name
+    shot(page, "approvals")
+    row.locator("input[name=comment]").fill("checked with the owner")
+    row.locator("button:text-is('Grant')").click()
+    page.locator(".notice.ok", has_text="Granted").wait_for()
+    assert k.api.wait_status(eid, "completed", "failed", timeout=30)["status"] == "completed"
+    decided = k.api.http.get(f"/v0/approvals/{approval['id']}").json()
+    assert (decided["status"], decided["decided_by"], decided["rationale"]) == ("granted", "oncall", "checked with the owner")
+    page.reload()
+    resolved = page.locator(f"#resolved-{approval['id']}")
+    assert resolved.locator(".decided-by").inner_text().startswith("oncall")
+    assert "checked with the owner" in resolved.inner_text()
+
+
+def test_an_approver_the_rule_does_not_list_is_refused_with_a_visible_message(served: Any, page: Any) -> None:
+    k, tokens = served
+    eid = k.run("ops", [RM], "blocked")
+    approval = k.pending(eid)
+    sign_in(page, k.url, tokens["intern"], "/console/approvals")
+    page.locator(f"#approval-{approval['id']} button:text-is('Grant')").click()
+    error = page.locator("#decide-error")
+    error.wait_for()
+    assert "intern" in error.inner_text() and "not an approver" in error.inner_text()
+    shot(page, "approvals-refused")
+    assert k.api.get(eid)["status"] == "blocked"
+    assert k.api.http.get(f"/v0/approvals/{approval['id']}").json()["status"] == "pending"

@@ -75,12 +75,13 @@ class Proc:
 
 
 class KernelProc(Proc):
-    def __init__(self, command: str, port: int, db_url: str, manifest: Path | None, log: Path, **env: str):
+    def __init__(self, command: str, port: int, db_url: str, manifest: Path | None, log: Path,
+                 ready_timeout: float = 20.0, **env: str):
         self.url = f"http://127.0.0.1:{port}"
         argv = [sys.executable, "-m", "kernel", command, "--port", str(port), "--db-url", db_url]
         argv += ["--config", str(manifest)] if manifest is not None else []
         super().__init__(argv, clean_env(**env), log)
-        wait_for(self._healthy, f"regent {command} on {self.url}\n{self.output()}")
+        wait_for(self._healthy, f"regent {command} on {self.url}\n{self.output()}", timeout=ready_timeout)
 
     def _healthy(self) -> bool:
         if not self.alive():
