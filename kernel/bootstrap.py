@@ -41,6 +41,8 @@ def build_kernel(settings: Settings, store: SqlStore, **overrides: Any) -> Kerne
         approval_timeout=settings.approval_timeout,
         deadline_timeout=settings.deadline_timeout,
         retention=settings.retention,
+        decision_retention=settings.decision_retention,
+        record_decisions=settings.record_decisions,
         agent_cache_ttl=settings.agent_cache_ttl,
         **overrides,
     )

@@ -51,6 +51,7 @@ _DURATIONS = (
     "cleanup_interval",
     "deadline_check_interval",
     "retention",
+    "decision_retention",
     "rego_timeout",
     "agent_cache_ttl",
     "console_session_ttl",
@@ -109,6 +110,10 @@ class Settings(BaseSettings):
     deadline_timeout: float | None = None
     deadline_check_interval: float = 30.0
     retention: float = 86400.0
+    # The decisions table's own retention (docs/audit.md), independent of executions'; 0 = for ever
+    decision_retention: float = 90 * 86400.0
+    # Write the durable decisions table on every decision (off only to measure what it costs)
+    record_decisions: bool = True
     leader_lock_key: str = "regent_scheduler_leader"
 
     # Policy

@@ -28,6 +28,7 @@ ALL_SCOPES = frozenset(
         "approvals:read",
         "approvals:write",
         "api_keys:manage",
+        "decisions:read",
     }
 )
 
@@ -66,7 +67,7 @@ class Authenticator:
         header = request.headers.get("authorization")
         if header is None:
             if self.dev:
-                return Principal(admin=True)
+                return Principal(admin=True, dev=True)
             raise Unauthorized()
         if not header.startswith("Bearer ") or len(header) <= 7:
             raise Unauthorized()
@@ -96,7 +97,7 @@ class Authenticator:
         digest = hashlib.sha256(token.encode()).digest()
         if row is None or row.revoked_at is not None or not hmac.compare_digest(bytes(row.secret_hash), digest):
             raise Unauthorized()
-        return Principal(name=row.name, scopes=frozenset(json.loads(row.scopes)))
+        return Principal(name=row.name, scopes=frozenset(json.loads(row.scopes)), key_id=row.id)
 
     # -- agent signature ------------------------------------------------------------------
     async def agent(self, request: Request) -> AgentCall:

@@ -88,12 +88,20 @@ def approval_json(a: Approval) -> dict[str, Any]:
         "timeout_at": rfc3339(a.timeout_at),
         "created_at": rfc3339(a.created_at),
     }
-    for key in ("message", "decided_by", "asserted_by", "rationale"):
+    for key in ("message", "decided_by", "asserted_by", "credential", "rationale", "agent_id", "kind", "target",
+                "rule_id", "reason", "policy_hash"):
         value = getattr(a, key)
         if value:
             out[key] = value
     if a.decided_at is not None:
         out["decided_at"] = rfc3339(a.decided_at)
+    # The context an approver decides on (docs/audit.md): the arguments as recorded, capped.
+    out["args"] = a.args
+    if a.args_truncated:
+        out["args_truncated"] = True
+        out["args_chars"] = a.args_chars
+    out["requested_at"] = out["created_at"]
+    out["expires_at"] = out["timeout_at"]
     return out
 
 

@@ -7,9 +7,19 @@ from datetime import datetime
 
 from kernel.core import decision_log as dlog
 from kernel.core import events as ev
+from kernel.core.decisions import approval_record
 from kernel.core.dispatch import enqueue
 from kernel.core.kernel import Kernel
-from kernel.domain import Approval, ApprovalStatus, EventType, ExecutionStatus, StepStatus
+from kernel.domain import (
+    Approval,
+    ApprovalStatus,
+    Credential,
+    DecisionOutcome,
+    DecisionRecord,
+    EventType,
+    ExecutionStatus,
+    StepStatus,
+)
 from kernel.errors import Conflict, Forbidden, NotFound
 from kernel.store import Tx
 
@@ -22,6 +32,19 @@ class Principal:
     name: str | None = None
     scopes: frozenset[str] = frozenset()
     admin: bool = False
+    key_id: str | None = None  # the scoped API key's id
+    dev: bool = False  # tokenless access to `regent dev`
+
+    @property
+    def credential(self) -> Credential:
+        if self.name is not None:
+            return Credential.KEY
+        return Credential.DEV if self.dev else Credential.BOOTSTRAP
+
+    @property
+    def creator(self) -> str:
+        """What an execution records as `created_by`: the key's id, else the credential."""
+        return self.key_id if self.key_id is not None else self.credential.value
 
     def has(self, *scopes: str) -> bool:
         return self.admin or all(s in self.scopes for s in scopes)
@@ -65,7 +88,9 @@ def decide_approval(
         s = tx.get_step(a.step_id)
         kind, target = (s.kind, s.target) if s else ("", None)
         status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
-        tx.set_approval(a.id, status=status, decided_by=who, asserted_by=asserted, decided_at=now, rationale=rationale)
+        credential = principal.credential.value
+        tx.set_approval(a.id, status=status, decided_by=who, asserted_by=asserted, decided_at=now,
+                        rationale=rationale, credential=credential)
         extra = {"decided_by": who or None, "rationale": rationale or None}
         dlog.note_approval(k, a, e.agent_id, kind, target,
                            (EventType.APPROVAL_GRANTED if grant else EventType.APPROVAL_DENIED).value, now,
@@ -83,14 +108,29 @@ def decide_approval(
                 ev.approval(EventType.APPROVAL_DENIED, a, "denied", **extra),
                 ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error),
             ]
-        _resume(k, tx, a.execution_id, now, out)
+        outcome = DecisionOutcome.APPROVAL_GRANTED if grant else DecisionOutcome.APPROVAL_DENIED
+        record = _record(k, a, outcome, now, e.agent_id, kind, target, who or None, credential, rationale or None)
+        _resume(k, tx, a.execution_id, now, out, record)
 
 
-def _resume(k: Kernel, tx: Tx, execution_id: str, now: datetime, out: list[ev.Ev]) -> None:
+def _record(
+    k: Kernel, a: Approval, outcome: DecisionOutcome, now: datetime, agent_id: str, kind: str,
+    target: str | None, decided_by: str | None, credential: str | None, reason: str | None,
+) -> tuple[int, DecisionRecord] | None:
+    if not k.record_decisions:
+        return None
+    return 0, approval_record(a, outcome, now, agent_id=agent_id, kind=kind, target=target or "",
+                              decided_by=decided_by, credential=credential, reason=reason)
+
+
+def _resume(
+    k: Kernel, tx: Tx, execution_id: str, now: datetime, out: list[ev.Ev],
+    record: tuple[int, DecisionRecord] | None,
+) -> None:
     out.append(ev.execution(EventType.EXECUTION_RESUMED, execution_id, ExecutionStatus.RUNNING))
     _, queued = enqueue(k, tx, execution_id, now)
     out.append(queued)
-    tx.append(execution_id, now, out, status=ExecutionStatus.RUNNING)
+    tx.append(execution_id, now, out, status=ExecutionStatus.RUNNING, decision=record)
 
 
 def expire_approvals(k: Kernel, limit: int = 100) -> int:
@@ -118,6 +158,8 @@ def expire_approvals(k: Kernel, limit: int = 100) -> int:
                 ev.approval(EventType.APPROVAL_EXPIRED, a, "expired", rationale="timeout"),
                 ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error),
             ]
-            _resume(k, tx, a.execution_id, now, out)
+            record = _record(k, a, DecisionOutcome.APPROVAL_EXPIRED, now, e.agent_id, kind, target, None, None,
+                             "approval_timeout")
+            _resume(k, tx, a.execution_id, now, out, record)
             n += 1
     return n

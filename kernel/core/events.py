@@ -30,6 +30,8 @@ def decision_fields(d: Decision) -> dict[str, Any]:
         "policy_kind": d.policy_kind.value,
         "policy_revision": d.policy_revision,
     }
+    if d.policy_hash:
+        out["policy_hash"] = d.policy_hash
     if d.reason:
         out["reason"] = d.reason
     return out

@@ -10,6 +10,7 @@ from typing import Any
 from kernel.clock import rfc3339
 from kernel.core import decision_log as dlog
 from kernel.core import events as ev
+from kernel.core.decisions import policy_record
 from kernel.core.dispatch import check_attempt, park_until
 from kernel.core.executions import load_owned, owned
 from kernel.core.kernel import Kernel
@@ -18,6 +19,8 @@ from kernel.domain import (
     Approval,
     ApprovalStatus,
     Decision,
+    DecisionOutcome,
+    DecisionRecord,
     DispatchStatus,
     EventType,
     Execution,
@@ -206,21 +209,29 @@ def _apply_rate_limit(
     outcome = k.limiter.hit(bucket_key(d.rule_id, spec.per_what, e), spec)
     if outcome.error is not None:
         if spec.on_limiter_error == "deny":
-            return _refuse(tx, e, sid, req, d, "rate_limiter_unavailable", dispatch_id, attempt, now)
+            return _refuse(k, tx, e, sid, req, d, "rate_limiter_unavailable", dispatch_id, attempt, now)
         return None  # fail open
     if outcome.admitted:
         return None
     if spec.max_wait_seconds <= 0:
-        return _refuse(tx, e, sid, req, d, "rate_limit_exceeded", dispatch_id, attempt, now)
+        return _refuse(k, tx, e, sid, req, d, "rate_limit_exceeded", dispatch_id, attempt, now)
     wait = outcome.wait_seconds if outcome.wait_seconds > 0 else spec.window_seconds / spec.max_calls
     if wait > spec.max_wait_seconds or tx.count_events(e.id, EventType.STEP_RATE_LIMITED.value) > 0:
-        return _refuse(tx, e, sid, req, d, "rate_limit_exceeded", dispatch_id, attempt, now)
+        return _refuse(k, tx, e, sid, req, d, "rate_limit_exceeded", dispatch_id, attempt, now)
     wait = min(wait + k.rng.uniform(0, wait / 2), spec.max_wait_seconds)
     _renew(tx, dispatch_id, e.id, attempt, now)
     limited = _rate_limited_event(sid, req, d, "rate_limit_exceeded")
     queued = park_until(k, tx, e.id, now, wait)
-    tx.append(e.id, now, [limited, queued])
+    tx.append(e.id, now, [limited, queued], decision=_limited_record(k, e, sid, req, d, "rate_limit_exceeded", now))
     return StepAnswer("blocked", reason="rate_limit_exceeded")
+
+
+def _limited_record(
+    k: Kernel, e: Execution, sid: str, req: StepRequest, d: Decision, reason: str, now: datetime
+) -> tuple[int, DecisionRecord] | None:
+    if not k.record_decisions:
+        return None
+    return 0, policy_record(e, sid, req.kind, req.target, DecisionOutcome.RATE_LIMITED, d, now, reason=reason)
 
 
 def _rate_limited_event(sid: str, req: StepRequest, d: Decision, reason: str) -> ev.Ev:
@@ -231,11 +242,12 @@ def _rate_limited_event(sid: str, req: StepRequest, d: Decision, reason: str) ->
 
 
 def _refuse(
-    tx: Tx, e: Execution, sid: str, req: StepRequest, d: Decision, reason: str,
+    k: Kernel, tx: Tx, e: Execution, sid: str, req: StepRequest, d: Decision, reason: str,
     dispatch_id: str, attempt: int, now: datetime,
 ) -> StepAnswer:
     _renew(tx, dispatch_id, e.id, attempt, now)
-    tx.append(e.id, now, [_rate_limited_event(sid, req, d, reason)])
+    tx.append(e.id, now, [_rate_limited_event(sid, req, d, reason)],
+              decision=_limited_record(k, e, sid, req, d, reason, now))
     return StepAnswer("rate_limited", reason=reason)
 
 
@@ -256,13 +268,20 @@ def _record(
     )
     proposed = ev.step(EventType.STEP_PROPOSED, sid, req.kind, req.target)
     fields = ev.decision_fields(d)
+
+    def record(outcome: DecisionOutcome, reason: str | None = None) -> tuple[int, DecisionRecord] | None:
+        # The decision event is the second of the batch, after step.proposed.
+        if not k.record_decisions:
+            return None
+        return 1, policy_record(e, sid, req.kind, req.target, outcome, d, now, reason=reason)
+
     if d.verdict == Verdict.ALLOW:
         tx.insert_step(dataclasses.replace(base, started_at=now), req.args_text)
         tx.append(e.id, now, [
             proposed,
             ev.step(EventType.STEP_ALLOWED, sid, req.kind, req.target, **fields),
             ev.step(EventType.STEP_EXECUTING, sid, req.kind, req.target),
-        ])
+        ], decision=record(DecisionOutcome.ALLOWED))
         return StepAnswer("proceed", sid)
     if d.verdict == Verdict.DENY:
         reason = d.reason or "policy_denied"
@@ -272,7 +291,7 @@ def _record(
         tx.append(e.id, now, [
             proposed,
             ev.step(EventType.STEP_DENIED, sid, req.kind, req.target, error=error, **fields),
-        ])
+        ], decision=record(DecisionOutcome.DENIED, reason))
         return StepAnswer("denied", sid, reason=reason, rule_id=d.rule_id)
     # require_approval: the execution blocks and its lease is released until a human decides.
     cfg = d.approval
@@ -282,6 +301,8 @@ def _record(
         approvers=list(cfg.approvers) if cfg and cfg.approvers else None,
         message=(cfg.message or None) if cfg else None,
         timeout_at=now + timedelta(seconds=timeout), created_at=now,
+        agent_id=e.agent_id, kind=req.kind, target=req.target, rule_id=d.rule_id, reason=d.reason or None,
+        policy_hash=d.policy_hash or None,
     )
     tx.insert_step(dataclasses.replace(base, status=StepStatus.AWAITING_APPROVAL), req.args_text)
     tx.insert_approval(a)
@@ -291,7 +312,7 @@ def _record(
         ev.step(EventType.STEP_AWAITING_APPROVAL, sid, req.kind, req.target, **fields),
         ev.approval(EventType.APPROVAL_REQUESTED, a, "pending"),
         ev.execution(EventType.EXECUTION_BLOCKED, e.id, ExecutionStatus.BLOCKED),
-    ], status=ExecutionStatus.BLOCKED)
+    ], status=ExecutionStatus.BLOCKED, decision=record(DecisionOutcome.AWAITING_APPROVAL))
     return StepAnswer("blocked", sid, approval_id=a.id)
 
 

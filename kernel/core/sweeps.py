@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from kernel.core.approvals import expire_approvals
+from kernel.core.decisions import delete_expired_decisions
 from kernel.core.executions import cancel_in_tx
 from kernel.core.kernel import Kernel
 
@@ -19,6 +20,7 @@ class CleanupResult:
     approvals_expired: int = 0
     executions_deleted: int = 0
     deadlines_cancelled: int = 0
+    decisions_deleted: int = 0
 
 
 def cancel_past_deadlines(k: Kernel, batch: int = 100) -> int:
@@ -79,7 +81,8 @@ def deadline_sweep(k: Kernel, leader_key: str) -> int | None:
 
 
 def cleanup_sweep(k: Kernel, leader_key: str, *, include_deadlines: bool = False) -> CleanupResult | None:
-    """The cleanup tick: approval expiry and retention (and deadlines when their own loop is off)."""
+    """The cleanup tick: approval expiry, the executions' retention and the decisions' own (and
+    deadlines when their own loop is off)."""
     with k.store.leader(leader_key) as leading:
         if not leading:
             return None
@@ -87,4 +90,5 @@ def cleanup_sweep(k: Kernel, leader_key: str, *, include_deadlines: bool = False
             approvals_expired=expire_due_approvals(k),
             executions_deleted=delete_expired_executions(k),
             deadlines_cancelled=cancel_past_deadlines(k) if include_deadlines else 0,
+            decisions_deleted=delete_expired_decisions(k),
         )

@@ -2,6 +2,7 @@
 
 from kernel.domain.agent import Agent
 from kernel.domain.approval import Approval, ApprovalStatus
+from kernel.domain.audit import Credential, DecisionOutcome, DecisionRecord
 from kernel.domain.decision import (
     ApprovalConfig,
     BudgetSpec,
@@ -21,7 +22,10 @@ __all__ = [
     "ApprovalConfig",
     "ApprovalStatus",
     "BudgetSpec",
+    "Credential",
     "Decision",
+    "DecisionOutcome",
+    "DecisionRecord",
     "Dispatch",
     "DispatchStatus",
     "Event",

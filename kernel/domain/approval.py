@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
+
+# Arguments longer than this (characters of their canonical JSON) are shown as a prefix of that
+# text with `args_truncated` set, so an approval record stays small whatever the step carried.
+APPROVAL_ARGS_MAX_CHARS = 16 * 1024
 
 
 class ApprovalStatus(StrEnum):
@@ -28,3 +33,15 @@ class Approval:
     asserted_by: str | None = None
     decided_at: datetime | None = None
     rationale: str | None = None
+    # The context an approver decides on (docs/audit.md): which agent and step asked, under which
+    # rule and bundle, with the step's arguments as recorded (capped, see APPROVAL_ARGS_MAX_CHARS).
+    agent_id: str | None = None
+    kind: str | None = None
+    target: str | None = None
+    rule_id: str | None = None
+    reason: str | None = None
+    policy_hash: str | None = None
+    args: Any = None
+    args_truncated: bool = False
+    args_chars: int = 0  # length of the recorded canonical JSON text of the arguments
+    credential: str | None = None  # how the decider was identified: key | bootstrap | dev

@@ -70,6 +70,9 @@ class Decision:
     budget: BudgetSpec | None = None
     policy_kind: PolicyKind = PolicyKind.NONE
     policy_revision: str = ""
+    # SHA-256 of the bundle's canonical content (the stored revision's `content_hash`): two bundles
+    # with one manifest revision still differ here. Set by the resolver; "" without a bundle.
+    policy_hash: str = ""
 
     @classmethod
     def permissive(cls) -> Decision:

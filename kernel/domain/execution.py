@@ -40,3 +40,5 @@ class Execution:
     # costs no extra query.
     usage_input: int = 0
     usage_output: int = 0
+    # The credential that created it: an API key's id, "bootstrap" or "dev" (docs/audit.md).
+    created_by: str | None = None

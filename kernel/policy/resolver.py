@@ -3,6 +3,7 @@ no bundle → permissive; any fault → deny `bundle-error` (fail closed). Never
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -134,15 +135,19 @@ class BundleResolver:
                 return Decision.bundle_error("agent_lookup_failed")
             return Decision.permissive()
         kind = PolicyKind(row.kind) if row.kind in PolicyKind._value2member_map_ else PolicyKind.NONE
+        digest = row.content_hash or ""
         bundle = self._compiled(row, tx)
         if isinstance(bundle, Exception):
-            return Decision.bundle_error("policy_bundle_invalid", kind, row.revision)
+            return dataclasses.replace(Decision.bundle_error("policy_bundle_invalid", kind, row.revision),
+                                       policy_hash=digest)
         try:
-            return bundle.evaluate(inp)
+            decision = bundle.evaluate(inp)
         except Exception:
             log.exception("policy evaluation failed (agent %s, revision %s)", inp.agent_id, row.revision)
             return Decision(Verdict.DENY, "eval-error", "policy evaluation failed",
-                            policy_kind=kind, policy_revision=row.revision)
+                            policy_kind=kind, policy_revision=row.revision, policy_hash=digest)
+        # The engines know the manifest revision; the content hash is the stored revision's.
+        return dataclasses.replace(decision, policy_hash=digest) if digest else decision
 
     def _content(self, revision_id: int, tx: Tx | None) -> str | None:
         if tx is not None:

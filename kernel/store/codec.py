@@ -19,6 +19,7 @@ from kernel.domain import (
     Step,
     StepStatus,
 )
+from kernel.domain.approval import APPROVAL_ARGS_MAX_CHARS
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -104,6 +105,7 @@ def to_execution(r: Any, inputs: DecodedInputs | None = None) -> Execution:
         idempotency_key=r.idempotency_key,
         usage_input=int(getattr(r, "usage_input", 0) or 0),
         usage_output=int(getattr(r, "usage_output", 0) or 0),
+        created_by=getattr(r, "created_by", None),
     )
 
 
@@ -151,7 +153,25 @@ def to_approval(r: Any) -> Approval:
         asserted_by=r.asserted_by,
         decided_at=r.decided_at,
         rationale=r.rationale,
+        agent_id=getattr(r, "agent_id", None),
+        kind=getattr(r, "kind", None),
+        target=getattr(r, "target", None),
+        rule_id=getattr(r, "rule_id", None),
+        reason=getattr(r, "reason", None),
+        policy_hash=getattr(r, "policy_hash", None),
+        credential=getattr(r, "credential", None),
+        **_capped_args(getattr(r, "step_args", None)),
     )
+
+
+def _capped_args(text: str | None) -> dict[str, Any]:
+    """The step's recorded arguments for an approval record: decoded, or past the cap the prefix
+    of their canonical text with the marker set."""
+    if text is None:
+        return {}
+    if len(text) > APPROVAL_ARGS_MAX_CHARS:
+        return {"args": text[:APPROVAL_ARGS_MAX_CHARS], "args_truncated": True, "args_chars": len(text)}
+    return {"args": loads(text), "args_chars": len(text)}
 
 
 def to_dispatch(r: Any) -> Dispatch:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -73,9 +74,60 @@ def _dispatch_lease_expiry(conn: Connection) -> None:
     ))
 
 
+def _add_columns(conn: Connection, table: str, columns: dict[str, str]) -> None:
+    have = {c["name"] for c in inspect(conn).get_columns(table)}
+    for name, ddl in columns.items():
+        if name not in have:
+            conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {ddl}"))
+
+
+def _audit(conn: Connection) -> None:
+    # 003 (docs/audit.md): the durable decisions table, the approval's context, the content hash of
+    # every bundle revision, the credential that created an execution, API key expiry and use.
+    # Explicit DDL; a database 001 created from the current tables.py has all of it already.
+    ts = t.UTCDateTime().compile(dialect=conn.dialect)
+    _add_columns(conn, "policy_revisions", {"content_hash": "VARCHAR(64) NOT NULL DEFAULT ''"})
+    _add_columns(conn, "executions", {"created_by": "VARCHAR(36)"})
+    _add_columns(conn, "approvals", {
+        "agent_id": "VARCHAR(200)", "kind": "TEXT", "target": "TEXT", "rule_id": "TEXT", "reason": "TEXT",
+        "policy_hash": "VARCHAR(64)", "credential": "VARCHAR(16)",
+    })
+    _add_columns(conn, "api_keys", {"expires_at": ts, "created_by": "TEXT", "last_used_at": ts})
+    rows = conn.execute(text("SELECT id, content FROM policy_revisions WHERE content_hash = ''")).all()
+    for rid, content in rows:  # SHA-256 of the stored text (sql_audit.content_hash); no portable SQL one
+        digest = hashlib.sha256(str(content).encode("utf-8")).hexdigest()
+        conn.execute(text("UPDATE policy_revisions SET content_hash = :h WHERE id = :id"), {"h": digest, "id": rid})
+    if not inspect(conn).has_table("decisions"):
+        conn.execute(text(
+            "CREATE TABLE decisions ("
+            " id VARCHAR(36) NOT NULL PRIMARY KEY, agent_id VARCHAR(200) NOT NULL,"
+            " execution_id VARCHAR(36) NOT NULL, step_id VARCHAR(64), kind TEXT NOT NULL, target TEXT NOT NULL,"
+            " decision VARCHAR(24) NOT NULL, rule_id TEXT NOT NULL, reason TEXT,"
+            " policy_kind VARCHAR(16) NOT NULL, policy_revision TEXT NOT NULL, policy_hash VARCHAR(64) NOT NULL,"
+            f" decided_by TEXT, credential VARCHAR(16), event_seq BIGINT, decided_at {ts} NOT NULL)"
+        ))
+    have = {i["name"] for i in inspect(conn).get_indexes("decisions")}
+    for name, cols in _DECISION_INDEXES.items():
+        if name not in have:
+            conn.execute(text(f"CREATE INDEX {name} ON decisions ({cols})"))
+    if "ix_policy_revisions_hash" not in {i["name"] for i in inspect(conn).get_indexes("policy_revisions")}:
+        conn.execute(text("CREATE INDEX ix_policy_revisions_hash ON policy_revisions (agent_id, content_hash)"))
+
+
+_DECISION_INDEXES = {
+    "ix_decisions_time": "decided_at, id",
+    "ix_decisions_agent": "agent_id, decided_at, id",
+    "ix_decisions_rule": "rule_id, decided_at, id",
+    "ix_decisions_decision": "decision, decided_at, id",
+    "ix_decisions_target": "target, decided_at, id",
+    "ix_decisions_policy_hash": "policy_hash, decided_at, id",
+}
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
+    Migration(3, "audit: decisions, approval context, bundle hashes, key metadata", _audit),
 ]
 LATEST = MIGRATIONS[-1].version
 

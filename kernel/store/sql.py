@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from kernel.domain import (
     Agent,
+    DecisionRecord,
     Dispatch,
     Event,
     Execution,
@@ -25,6 +26,7 @@ from kernel.domain import (
 from kernel.store import codec
 from kernel.store import tables as t
 from kernel.store.dialect import Dialect
+from kernel.store.sql_audit import AuditQueries, content_hash, decision_params
 from kernel.store.sql_dispatch import DispatchQueries
 from kernel.store.statements import (
     ACTIVE_POLICY_REF,
@@ -39,6 +41,7 @@ from kernel.store.statements import (
     GET_EXECUTION,
     GET_STEP,
     INDETERMINATE,
+    INSERT_DECISION,
     INSERT_EVENT_ROWS,
     INSERT_EVENTS,
     INSERT_STEP,
@@ -56,7 +59,7 @@ from kernel.store.statements import (
 )
 
 
-class Tx(DispatchQueries):
+class Tx(DispatchQueries, AuditQueries):
     """One open transaction. Every method is a single round trip or a small batch."""
 
     def __init__(self, store: Dialect, conn: Connection, escalate: Callable[[], Connection] | None = None):
@@ -132,7 +135,7 @@ class Tx(DispatchQueries):
         self.w.execute(
             insert(t.policy_revisions).values(
                 agent_id=agent_id, seq=seq, kind=kind, revision=revision, content=content,
-                active=True, created_at=now,
+                content_hash=content_hash(content), active=True, created_at=now,
             )
         )
         return int(seq)
@@ -153,7 +156,8 @@ class Tx(DispatchQueries):
         return True
 
     def active_policy_ref(self, agent_id: str) -> Any:
-        """(id, agent_id, kind, revision) of the agent's active revision, without its content."""
+        """(id, agent_id, kind, revision, content_hash) of the agent's active revision, without its
+        content."""
         return ACTIVE_POLICY_REF.first(self.conn, {"agent_id": agent_id})
 
     def policy_content(self, revision_id: int) -> str | None:
@@ -248,6 +252,7 @@ class Tx(DispatchQueries):
                 created_at=e.created_at,
                 updated_at=e.updated_at,
                 deadline_at=e.deadline_at,
+                created_by=e.created_by,
             )
         )
 
@@ -317,11 +322,14 @@ class Tx(DispatchQueries):
 
     # -- events ---------------------------------------------------------------------------
     def append(
-        self, execution_id: str, now: datetime, events: Sequence[tuple[str, dict[str, Any]]], **execution_values: Any
+        self, execution_id: str, now: datetime, events: Sequence[tuple[str, dict[str, Any]]],
+        *, decision: tuple[int, DecisionRecord] | None = None, **execution_values: Any,
     ) -> int:
         """Append events with gapless seqs and apply execution updates, in two statements.
 
-        Must run under the execution's lock. Returns the last seq written.
+        `decision`: (index in `events` of the decision event, its record): the decisions row is
+        written in this transaction, with that event's seq. Must run under the execution's lock.
+        Returns the last seq written.
         """
         n = len(events)
         if "status" in execution_values:
@@ -345,6 +353,11 @@ class Tx(DispatchQueries):
                 )
             else:
                 INSERT_EVENTS.many(self.w, [dict(zip(EVENT_COLUMNS, row, strict=True)) for row in rows])
+            if decision is not None:
+                index, record = decision
+                params = decision_params(record)
+                params["event_seq"] = first + index
+                INSERT_DECISION.run(self.w, params)
         return int(last)
 
     def list_events(self, execution_id: str, after_seq: int, limit: int) -> list[Event]:

@@ -137,23 +137,40 @@ class DispatchQueries:
                 message=a.message,
                 timeout_at=a.timeout_at,
                 created_at=a.created_at,
+                agent_id=a.agent_id,
+                kind=a.kind,
+                target=a.target,
+                rule_id=a.rule_id,
+                reason=a.reason,
+                policy_hash=a.policy_hash,
             )
         )
 
+    @staticmethod
+    def _approvals_with_args() -> Any:
+        """Approval rows with their step's recorded arguments (`step_args`)."""
+        return select(t.approvals, t.steps.c.args.label("step_args")).select_from(
+            t.approvals.outerjoin(t.steps, t.steps.c.step_id == t.approvals.c.step_id)
+        )
+
     def get_approval(self, approval_id: str) -> Approval | None:
-        r = self.conn.execute(select(t.approvals).where(t.approvals.c.id == approval_id)).first()
+        r = self.conn.execute(self._approvals_with_args().where(t.approvals.c.id == approval_id)).first()
         return codec.to_approval(r) if r else None
 
     def pending_approval_for_step(self, step_id: str) -> Approval | None:
         r = PENDING_APPROVAL.first(self.conn, {"step_id": step_id})
         return codec.to_approval(r) if r else None
 
-    def list_approvals(self, status: str | None, execution_id: str | None = None) -> list[Approval]:
-        q = select(t.approvals)
+    def list_approvals(
+        self, status: str | None, execution_id: str | None = None, agent_id: str | None = None
+    ) -> list[Approval]:
+        q = self._approvals_with_args()
         if status is not None:
             q = q.where(t.approvals.c.status == status)
         if execution_id is not None:
             q = q.where(t.approvals.c.execution_id == execution_id)
+        if agent_id is not None:
+            q = q.where(t.approvals.c.agent_id == agent_id)
         q = q.order_by(t.approvals.c.created_at, t.approvals.c.id)
         return [codec.to_approval(r) for r in self.conn.execute(q).all()]
 

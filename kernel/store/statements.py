@@ -97,7 +97,7 @@ ADD_USAGE = Prepared(
 ACTIVE_POLICY_REF = Prepared(
     select(
         t.policy_revisions.c.id, t.policy_revisions.c.agent_id, t.policy_revisions.c.kind,
-        t.policy_revisions.c.revision,
+        t.policy_revisions.c.revision, t.policy_revisions.c.content_hash,
     ).where(t.policy_revisions.c.agent_id == param("agent_id"), t.policy_revisions.c.active.is_(True))
 )
 POLICY_CONTENT = Prepared(select(t.policy_revisions.c.content).where(t.policy_revisions.c.id == param("id")))
@@ -182,3 +182,5 @@ APPEND = PreparedCache(
     .values(last_event_seq=t.executions.c.last_event_seq + param("_n"), **{k: param(k) for k in keys})
     .returning(t.executions.c.last_event_seq)
 )
+DECISION_COLUMNS = tuple(c.key for c in t.decisions.c)
+INSERT_DECISION = Prepared(insert(t.decisions).values({c: param(c) for c in DECISION_COLUMNS}))

@@ -72,6 +72,7 @@ class PolicyRevisionRow(SQLModel, table=True):
     __tablename__ = "policy_revisions"
     __table_args__ = (
         Index("ix_policy_revisions_agent", "agent_id", "seq"),
+        Index("ix_policy_revisions_hash", "agent_id", "content_hash"),
         UniqueConstraint("agent_id", "seq"),
     )
 
@@ -83,6 +84,9 @@ class PolicyRevisionRow(SQLModel, table=True):
     kind: str = Field(sa_column=Column(String(16), nullable=False))  # yaml | rego | none
     revision: str = Field(sa_column=Column(String(200), nullable=False))
     content: str = Field(sa_column=Column(Text, nullable=False))  # YAML text, or Rego bundle JSON
+    # SHA-256 of `content` (the canonical bundle: YAML text, or the sorted Rego JSON): the
+    # `policy_hash` of every decision this revision makes, and the key of GET …/revisions/{hash}.
+    content_hash: str = Field(default="", sa_column=Column(String(64), nullable=False, server_default=""))
     active: bool = Field(default=False, nullable=False)
     created_at: datetime = _ts()
 
@@ -109,6 +113,9 @@ class ExecutionRow(SQLModel, table=True):
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
     deadline_at: datetime | None = _ts(nullable=True, index=True)
+    # The credential that created it: an API key's id, "bootstrap" or "dev". The key that created
+    # an execution may not approve its steps.
+    created_by: str | None = Field(default=None, sa_column=Column(String(36)))
 
 
 class EventRow(SQLModel, table=True):
@@ -169,6 +176,15 @@ class ApprovalRow(SQLModel, table=True):
     decided_at: datetime | None = _ts(nullable=True)
     rationale: str | None = _text()
     created_at: datetime = _ts()
+    # What the approver decides on (the step's args are read from its row): who asked, and why.
+    agent_id: str | None = Field(default=None, sa_column=Column(String(200)))
+    kind: str | None = _text()
+    target: str | None = _text()
+    rule_id: str | None = _text()
+    reason: str | None = _text()
+    policy_hash: str | None = Field(default=None, sa_column=Column(String(64)))
+    # How the decider was identified: key | bootstrap | dev (docs/audit.md).
+    credential: str | None = Field(default=None, sa_column=Column(String(16)))
 
 
 class DispatchRow(SQLModel, table=True):
@@ -223,6 +239,42 @@ class ApiKeyRow(SQLModel, table=True):
     secret_hash: bytes = Field(sa_column=Column(LargeBinary(32), nullable=False))
     created_at: datetime = _ts()
     revoked_at: datetime | None = _ts(nullable=True)
+    expires_at: datetime | None = _ts(nullable=True)
+    created_by: str | None = _text()
+    last_used_at: datetime | None = _ts(nullable=True)
+
+
+class DecisionRow(SQLModel, table=True):
+    """The durable decision record (docs/audit.md): one row per decision event, written in the
+    event's transaction, no foreign key to executions (it outlives their retention). Paged newest
+    first on (decided_at, id); each filter has an index led by its column."""
+
+    __tablename__ = "decisions"
+    __table_args__ = (
+        Index("ix_decisions_time", "decided_at", "id"),
+        Index("ix_decisions_agent", "agent_id", "decided_at", "id"),
+        Index("ix_decisions_rule", "rule_id", "decided_at", "id"),
+        Index("ix_decisions_decision", "decision", "decided_at", "id"),
+        Index("ix_decisions_target", "target", "decided_at", "id"),
+        Index("ix_decisions_policy_hash", "policy_hash", "decided_at", "id"),
+    )
+
+    id: str = Field(sa_column=Column(String(36), primary_key=True))
+    agent_id: str = Field(sa_column=Column(String(200), nullable=False))
+    execution_id: str = Field(sa_column=Column(String(36), nullable=False))
+    step_id: str | None = Field(default=None, sa_column=Column(String(64)))
+    kind: str = Field(sa_column=Column(Text, nullable=False))
+    target: str = Field(sa_column=Column(Text, nullable=False))
+    decision: str = Field(sa_column=Column(String(24), nullable=False))
+    rule_id: str = Field(sa_column=Column(Text, nullable=False))
+    reason: str | None = _text()
+    policy_kind: str = Field(sa_column=Column(String(16), nullable=False))
+    policy_revision: str = Field(sa_column=Column(Text, nullable=False))
+    policy_hash: str = Field(sa_column=Column(String(64), nullable=False))
+    decided_by: str | None = _text()
+    credential: str | None = Field(default=None, sa_column=Column(String(16)))
+    event_seq: int | None = Field(default=None, sa_column=Column(BigInteger))
+    decided_at: datetime = _ts()
 
 
 class SchemaVersionRow(SQLModel, table=True):
@@ -241,6 +293,7 @@ approvals = ApprovalRow.__table__  # type: ignore[attr-defined]
 dispatches = DispatchRow.__table__  # type: ignore[attr-defined]
 dispatch_step_counters = DispatchStepCounterRow.__table__  # type: ignore[attr-defined]
 api_keys = ApiKeyRow.__table__  # type: ignore[attr-defined]
+decisions = DecisionRow.__table__  # type: ignore[attr-defined]
 schema_version = SchemaVersionRow.__table__  # type: ignore[attr-defined]
 
 metadata = SQLModel.metadata

@@ -91,9 +91,9 @@ def test_version_1_database_migrates_and_in_flight_rows_get_a_backfilled_lease_e
     unlocked = _in_flight(store, "own", None)
     pending = _in_flight(store, "own", None, status=DispatchStatus.PENDING)
 
-    assert [m.version for m in migrate(store)] == [2]
+    assert [m.version for m in migrate(store)] == list(range(2, LATEST + 1))
     with store.engine.connect() as c:
-        assert current_version(c) == 2
+        assert current_version(c) == LATEST
     assert _lease(store, own) == (30_000, T0 + timedelta(seconds=30))  # the agent's own lease
     # no lease of its own: the 120 s default the migration documents
     assert _lease(store, dflt) == (120_000, T0 + timedelta(seconds=125))
@@ -112,3 +112,60 @@ def test_version_1_database_migrates_and_in_flight_rows_get_a_backfilled_lease_e
     with store.transaction(lock=d.execution_id) as tx:
         assert tx.renew_lease(own, d.execution_id, 1, later)
     assert _lease(store, own) == (30_000, later + timedelta(seconds=30))
+
+
+def _at_version_2(store: SqlStore) -> None:
+    """The schema as version 2 left it: no decisions table, no approval context, no bundle content
+    hash, no execution creator, no API key expiry or use."""
+    migrate(store)
+    with store.engine.begin() as c:
+        c.execute(text("DROP TABLE decisions"))
+        c.execute(text("DROP INDEX ix_policy_revisions_hash"))
+        for table, cols in (
+            ("policy_revisions", ["content_hash"]),
+            ("executions", ["created_by"]),
+            ("approvals", ["agent_id", "kind", "target", "rule_id", "reason", "policy_hash", "credential"]),
+            ("api_keys", ["expires_at", "created_by", "last_used_at"]),
+        ):
+            for col in cols:
+                c.execute(text(f"ALTER TABLE {table} DROP COLUMN {col}"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 2))
+        c.execute(text(
+            "INSERT INTO agents (id, webhook_url, secret, registered_at) VALUES ('a', 'http://127.0.0.1:9/h', 's', :t)"
+        ), {"t": T0.replace(tzinfo=None) if store.dialect == "sqlite" else T0})
+        for seq, content in ((1, "rules: []\n"), (2, "default_action: deny\n")):
+            c.execute(text(
+                "INSERT INTO policy_revisions (agent_id, seq, kind, revision, content, active, created_at)"
+                " VALUES ('a', :seq, 'yaml', 'r', :content, :active, :t)"
+            ), {"seq": seq, "content": content, "active": seq == 2,
+                "t": T0.replace(tzinfo=None) if store.dialect == "sqlite" else T0})
+        assert current_version(c) == 2
+
+
+def test_version_2_database_migrates_to_the_audit_schema_and_backfills_bundle_hashes(empty_store: SqlStore) -> None:
+    import hashlib
+
+    from sqlalchemy import inspect
+
+    store = empty_store
+    _at_version_2(store)
+    assert [m.version for m in migrate(store)] == list(range(3, LATEST + 1))
+    with store.engine.connect() as c:
+        insp = inspect(c)
+        assert insp.has_table("decisions")
+        assert {i["name"] for i in insp.get_indexes("decisions")} >= {
+            "ix_decisions_time", "ix_decisions_agent", "ix_decisions_rule", "ix_decisions_decision",
+            "ix_decisions_target", "ix_decisions_policy_hash",
+        }
+        assert {"agent_id", "kind", "target", "rule_id", "reason", "policy_hash", "credential"} <= {
+            col["name"] for col in insp.get_columns("approvals")}
+        assert "created_by" in {col["name"] for col in insp.get_columns("executions")}
+        assert {"expires_at", "created_by", "last_used_at"} <= {col["name"] for col in insp.get_columns("api_keys")}
+        hashes = dict(c.execute(text("SELECT seq, content_hash FROM policy_revisions ORDER BY seq")).all())
+    assert hashes == {1: hashlib.sha256(b"rules: []\n").hexdigest(),
+                      2: hashlib.sha256(b"default_action: deny\n").hexdigest()}
+    # the migrated revision decides with its hash, and the decisions table takes rows
+    with store.read() as tx:
+        assert tx.active_policy_ref("a").content_hash == hashes[2]
+        assert tx.policy_revision_by_hash("a", hashes[1]).seq == 1
+        assert tx.list_decisions({}, since=None, until=None, before=None, limit=10) == []

@@ -1,0 +1,106 @@
+"""`Tx`'s queries on the audit record: the decisions table (written with its event, read by
+`GET /v0/decisions` and the console, pruned by its own retention) and bundle revisions by content
+hash. Mixed into `Tx` (sql.py), which supplies `conn` and `w`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import bindparam, delete, select, tuple_
+from sqlalchemy.engine import Connection
+
+from kernel.domain import DecisionOutcome, DecisionRecord
+from kernel.store import tables as t
+from kernel.store.statements import INSERT_DECISION
+
+# The filters `list_decisions` takes, each an equality on its indexed column.
+DECISION_FILTERS = ("agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id")
+
+
+def content_hash(content: str) -> str:
+    """A bundle revision's `policy_hash`: SHA-256 of its stored canonical text (the YAML file, or the
+    Rego bundle's sorted JSON mapping of modules, data and manifest)."""
+    return hashlib.sha256(content.encode("utf-8")).hexdigest()
+
+
+def decision_params(r: DecisionRecord) -> dict[str, Any]:
+    return {
+        "id": r.id, "agent_id": r.agent_id, "execution_id": r.execution_id, "step_id": r.step_id,
+        "kind": r.kind, "target": r.target, "decision": r.decision.value, "rule_id": r.rule_id,
+        "reason": r.reason, "policy_kind": r.policy_kind, "policy_revision": r.policy_revision,
+        "policy_hash": r.policy_hash, "decided_by": r.decided_by, "credential": r.credential,
+        "event_seq": r.event_seq, "decided_at": r.decided_at,
+    }
+
+
+def to_decision(r: Any) -> DecisionRecord:
+    return DecisionRecord(
+        id=r.id, agent_id=r.agent_id, execution_id=r.execution_id, step_id=r.step_id, kind=r.kind,
+        target=r.target, decision=DecisionOutcome(r.decision), rule_id=r.rule_id, decided_at=r.decided_at,
+        reason=r.reason, policy_kind=r.policy_kind, policy_revision=r.policy_revision,
+        policy_hash=r.policy_hash, decided_by=r.decided_by, credential=r.credential,
+        event_seq=r.event_seq,
+    )
+
+
+class AuditQueries:
+    if TYPE_CHECKING:  # supplied by Tx
+        @property
+        def conn(self) -> Connection: ...
+
+        @property
+        def w(self) -> Connection: ...
+
+    # -- decisions ------------------------------------------------------------------------
+    def insert_decision(self, r: DecisionRecord) -> None:
+        INSERT_DECISION.run(self.w, decision_params(r))
+
+    def list_decisions(
+        self,
+        filters: dict[str, str],
+        *,
+        since: datetime | None,
+        until: datetime | None,
+        before: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[DecisionRecord]:
+        """Newest first on (decided_at, id). `filters`: column → value, for the columns in
+        DECISION_FILTERS; `since` inclusive, `until` exclusive; `before`: the keyset cursor, the
+        (decided_at, id) of the last row of the previous page."""
+        c = t.decisions.c
+        q = select(t.decisions)
+        for name, value in filters.items():
+            if name not in DECISION_FILTERS:
+                raise ValueError(f"not a decision filter: {name}")
+            q = q.where(c[name] == value)
+        if since is not None:
+            q = q.where(c.decided_at >= since)
+        if until is not None:
+            q = q.where(c.decided_at < until)
+        if before is not None:
+            at = bindparam("before_at", before[0], type_=t.UTCDateTime())
+            q = q.where(tuple_(c.decided_at, c.id) < tuple_(at, bindparam("before_id", before[1])))
+        q = q.order_by(c.decided_at.desc(), c.id.desc()).limit(limit)
+        return [to_decision(r) for r in self.conn.execute(q).all()]
+
+    def delete_decisions_before(self, cutoff: datetime, limit: int) -> int:
+        """Retention of the decisions table: up to `limit` rows decided before `cutoff`, oldest first."""
+        c = t.decisions.c
+        ids = select(c.id).where(c.decided_at < cutoff).order_by(c.decided_at).limit(limit).scalar_subquery()
+        return int(self.w.execute(delete(t.decisions).where(c.id.in_(ids))).rowcount)
+
+    # -- bundle revisions by content ------------------------------------------------------
+    def policy_revision_by_hash(self, agent_id: str, content_hash: str) -> Any:
+        c = t.policy_revisions.c
+        return self.conn.execute(
+            select(t.policy_revisions)
+            .where(c.agent_id == agent_id, c.content_hash == content_hash)
+            .order_by(c.seq.desc())
+            .limit(1)
+        ).first()
+
+
+__all__ = ["DECISION_FILTERS", "AuditQueries", "content_hash", "decision_params", "to_decision"]

@@ -1,0 +1,145 @@
+"""The durable decision record: one row per decision event, written with it, read with filters and
+keyset paging, kept after the execution's retention and pruned by its own (docs/audit.md)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from kernel.core import approvals, decisions, steps, sweeps
+from kernel.core.approvals import Principal
+from kernel.core.decisions import DecisionQuery
+from kernel.core.executions import cancel_execution
+from kernel.core.kernel import Kernel
+from kernel.domain import ApprovalConfig, Credential, Decision, DecisionOutcome, Verdict
+from kernel.domain.decision import PolicyKind
+from kernel.errors import ValidationError
+from tests.conftest import Running
+from tests.core.test_steps import FixedPolicy, req
+
+
+def _all(k: Kernel, **filters: object) -> list[decisions.DecisionRecord]:
+    return decisions.list_decisions(k, DecisionQuery(limit=500, **filters)).decisions  # type: ignore[arg-type]
+
+
+def test_an_allowed_step_writes_one_decision_row_naming_its_event(kernel: Kernel, running: Running) -> None:
+    kernel.policy = FixedPolicy(Decision(Verdict.ALLOW, "ok-rule", "fine", policy_kind=PolicyKind.YAML,
+                                         policy_revision="r1", policy_hash="ab" * 32))
+    eid, did, att = running.start()
+    a = steps.submit_step(kernel, "shell", eid, did, att, req(target="send_email"))
+    [r] = _all(kernel)
+    assert (r.agent_id, r.execution_id, r.step_id, r.kind, r.target) == ("shell", eid, a.step_id, "tool_call",
+                                                                        "send_email")
+    assert (r.decision, r.rule_id, r.reason, r.policy_revision, r.policy_hash) == (
+        DecisionOutcome.ALLOWED, "ok-rule", "fine", "r1", "ab" * 32)
+    with kernel.store.read() as tx:
+        [event] = [e for e in tx.list_events(eid, 0, 100) if e.event_seq == r.event_seq]
+    assert event.type == "step.allowed"
+    assert event.payload["policy_hash"] == "ab" * 32
+
+
+def test_a_replay_writes_no_decision(kernel: Kernel, running: Running) -> None:
+    eid, did, att = running.start()
+    a = steps.submit_step(kernel, "shell", eid, did, att, req())
+    steps.record_outcome(kernel, "shell", eid, a.step_id, did, att, result=1)
+    steps.submit_step(kernel, "shell", eid, did, att, req())  # the next occurrence: a new decision
+    assert len(_all(kernel)) == 2
+    assert all(r.decision == DecisionOutcome.ALLOWED for r in _all(kernel))
+
+
+def test_denial_and_approval_answers_are_recorded_with_the_decider(kernel: Kernel, running: Running) -> None:
+    kernel.policy = FixedPolicy(Decision(Verdict.REQUIRE_APPROVAL, "ask", "big payment",
+                                         approval=ApprovalConfig(approvers=("alice",)), policy_hash="cd" * 32))
+    eid, did, att = running.start()
+    a = steps.submit_step(kernel, "shell", eid, did, att, req(target="pay"))
+    approvals.decide_approval(kernel, a.approval_id, grant=True, principal=Principal(name="alice"),
+                              decided_by="", rationale="checked")
+    got = [(r.decision, r.rule_id, r.decided_by, r.credential, r.policy_hash) for r in reversed(_all(kernel))]
+    assert got == [
+        (DecisionOutcome.AWAITING_APPROVAL, "ask", None, None, "cd" * 32),
+        (DecisionOutcome.APPROVAL_GRANTED, "ask", "alice", Credential.KEY.value, "cd" * 32),
+    ]
+
+
+def test_filters_combine_and_each_matches_its_column(kernel: Kernel, running: Running) -> None:
+    deny = FixedPolicy(Decision(Verdict.DENY, "no-shell", "never", policy_hash="ee" * 32))
+    allow = FixedPolicy(Decision(Verdict.ALLOW, "yes", policy_hash="ff" * 32))
+    eid, did, att = running.start()
+    kernel.policy = deny
+    steps.submit_step(kernel, "shell", eid, did, att, req(target="rm"))
+    kernel.policy = allow
+    steps.submit_step(kernel, "shell", eid, did, att, req(target="ls"))
+    steps.submit_step(kernel, "shell", eid, did, att, req(target="cat"))
+    assert [r.target for r in _all(kernel, decision="denied")] == ["rm"]
+    assert [r.target for r in _all(kernel, rule_id="yes")] == ["cat", "ls"]
+    assert [r.target for r in _all(kernel, target="ls", policy_hash="ff" * 32)] == ["ls"]
+    assert _all(kernel, target="ls", decision="denied") == []
+    assert len(_all(kernel, agent_id="shell", execution_id=eid)) == 3
+    assert _all(kernel, agent_id="other") == []
+
+
+def test_time_range_is_since_inclusive_until_exclusive(kernel: Kernel, running: Running) -> None:
+    eid, did, att = running.start()
+    t0 = kernel.clock.now()
+    for i in range(3):
+        steps.submit_step(kernel, "shell", eid, did, att, req(target=f"t{i}"))
+        kernel.clock.advance(10)  # type: ignore[attr-defined]
+    assert [r.target for r in _all(kernel, since=t0 + timedelta(seconds=10))] == ["t2", "t1"]
+    assert [r.target for r in _all(kernel, until=t0 + timedelta(seconds=10))] == ["t0"]
+
+
+def test_keyset_paging_walks_every_row_once_newest_first(kernel: Kernel, running: Running) -> None:
+    eid, did, att = running.start()
+    for i in range(7):
+        steps.submit_step(kernel, "shell", eid, did, att, req(target=f"t{i}"))
+        if i % 2:
+            kernel.clock.advance(1)  # type: ignore[attr-defined]  # some share a timestamp
+    seen: list[str] = []
+    cursor = None
+    for _ in range(10):
+        page = decisions.list_decisions(kernel, DecisionQuery(cursor=cursor, limit=3))
+        seen += [r.target for r in page.decisions]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == [f"t{i}" for i in reversed(range(7))]
+
+
+def test_a_malformed_cursor_or_decision_is_a_validation_error(kernel: Kernel) -> None:
+    with pytest.raises(ValidationError):
+        decisions.list_decisions(kernel, DecisionQuery(cursor="not-a-cursor"))
+    with pytest.raises(ValidationError):
+        decisions.list_decisions(kernel, DecisionQuery(decision="maybe"))
+    with pytest.raises(ValidationError):
+        decisions.list_decisions(kernel, DecisionQuery(limit=0))
+
+
+def test_decisions_outlive_the_executions_retention(kernel: Kernel, running: Running) -> None:
+    kernel.policy = FixedPolicy(Decision(Verdict.DENY, "no", "denied by rule"))
+    eid, did, att = running.start()
+    steps.submit_step(kernel, "shell", eid, did, att, req(target="rm"))
+    cancel_execution(kernel, eid)
+    kernel.clock.advance(kernel.retention + 1)  # type: ignore[attr-defined]
+    assert sweeps.delete_expired_executions(kernel) == 1
+    with kernel.store.read() as tx:
+        assert tx.get_execution(eid) is None
+    [r] = _all(kernel, execution_id=eid)
+    assert (r.decision, r.rule_id, r.target) == (DecisionOutcome.DENIED, "no", "rm")
+
+
+def test_decision_retention_deletes_only_records_past_it(kernel: Kernel, running: Running) -> None:
+    eid, did, att = running.start()
+    steps.submit_step(kernel, "shell", eid, did, att, req(target="old"))
+    kernel.clock.advance(kernel.decision_retention - 5)  # type: ignore[attr-defined]
+    steps.submit_step(kernel, "shell", eid, did, att, req(target="new"))
+    kernel.clock.advance(10)  # type: ignore[attr-defined]
+    assert decisions.delete_expired_decisions(kernel) == 1
+    assert [r.target for r in _all(kernel)] == ["new"]
+
+
+def test_no_decisions_row_when_the_record_is_switched_off(kernel: Kernel, running: Running) -> None:
+    kernel.record_decisions = False
+    eid, did, att = running.start()
+    steps.submit_step(kernel, "shell", eid, did, att, req())
+    assert _all(kernel) == []
