@@ -14,6 +14,7 @@ from xml.etree import ElementTree as ET
 from rich.console import Console
 from rich.table import Table
 
+from kernel.cli.sign import add_sign_command, add_verify_arguments, verify_signature
 from kernel.domain import PolicyInput
 from kernel.errors import ValidationError
 from kernel.policy.cases import Report, parse_cases, run_cases
@@ -230,6 +231,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     engine = _engine()
     try:
         for p in paths:
+            refused = verify_signature(args, p)  # --verify-key: the signature before the load gate
+            if refused is not None:
+                bad += 1
+                err.print(f"[red]{refused}[/]")
+                continue
             try:
                 b = load_bundle(p, engine)
                 out.print(f"[green]ok[/]  {p}")
@@ -294,7 +300,9 @@ def add_commands(sub: Any) -> None:
     t.set_defaults(fn=cmd_test)
     c = ps.add_parser("check", help="the load gate only")
     c.add_argument("paths", nargs="+")
+    add_verify_arguments(c)
     c.set_defaults(fn=cmd_check)
+    add_sign_command(ps)
     e = ps.add_parser("eval", help="evaluate one input and print the decision")
     e.add_argument("bundle")
     e.add_argument("--target", required=True)

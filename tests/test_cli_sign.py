@@ -1,0 +1,62 @@
+"""`regent policy sign` and `regent policy check --verify-key`: exit 0 on a good signature, 1 with
+the file and the reason on a refusal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kernel.cli import main
+from tests.policy.signing_keys import copy_bundle, keys_for
+
+
+def _keys(tmp: Path, alg: str = "RS256") -> tuple[str, str]:
+    priv, pub = keys_for(alg)
+    if alg.startswith("HS"):
+        return priv, pub
+    (tmp / "priv.pem").write_text(priv)
+    (tmp / "pub.pem").write_text(pub)
+    return str(tmp / "priv.pem"), str(tmp / "pub.pem")
+
+
+@pytest.mark.parametrize("alg", ["RS256", "ES256", "HS256"])
+def test_sign_then_check_with_the_verification_key(tmp_path: Path, alg: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = copy_bundle(tmp_path)
+    priv, pub = _keys(tmp_path, alg)
+    assert main(["policy", "sign", str(bundle), "--signing-key", priv, "--signing-alg", alg,
+                 "--key-id", "release", "--scope", "prod"]) == 0
+    doc = json.loads((bundle / ".signatures.json").read_text())
+    assert len(doc["signatures"]) == 1
+    assert main(["policy", "check", str(bundle), "--verify-key", pub, "--verify-alg", alg,
+                 "--key-id", "release", "--scope", "prod"]) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+def test_check_refuses_a_tampered_bundle_naming_file_and_reason(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = copy_bundle(tmp_path)
+    priv, pub = _keys(tmp_path)
+    assert main(["policy", "sign", str(bundle), "--signing-key", priv]) == 0
+    (bundle / "data.json").write_text('{"payments": {}}')
+    assert main(["policy", "check", str(bundle), "--verify-key", pub]) == 1
+    err = capsys.readouterr().err
+    assert "digest_mismatch" in err and "data.json" in err
+
+
+def test_check_with_a_key_refuses_an_unsigned_bundle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = copy_bundle(tmp_path)
+    _, pub = _keys(tmp_path)
+    assert main(["policy", "check", str(bundle), "--verify-key", pub]) == 1
+    assert "signature_missing" in capsys.readouterr().err
+    assert main(["policy", "check", str(bundle)]) == 0  # without a key: the load gate only
+
+
+def test_sign_with_an_unusable_key_exits_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = copy_bundle(tmp_path)
+    (tmp_path / "bad.pem").write_text("-----BEGIN PRIVATE KEY-----\nnope\n-----END PRIVATE KEY-----\n")
+    assert main(["policy", "sign", str(bundle), "--signing-key", str(tmp_path / "bad.pem")]) == 1
+    assert "cannot sign" in capsys.readouterr().err
+    assert not (bundle / ".signatures.json").exists()
