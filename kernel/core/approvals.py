@@ -92,9 +92,6 @@ def decide_approval(
         tx.set_approval(a.id, status=status, decided_by=who, asserted_by=asserted, decided_at=now,
                         rationale=rationale, credential=credential)
         extra = {"decided_by": who or None, "rationale": rationale or None}
-        dlog.note_approval(k, a, e.agent_id, kind, target,
-                           (EventType.APPROVAL_GRANTED if grant else EventType.APPROVAL_DENIED).value, now,
-                           decided_by=who or None, rationale=rationale or None)
         if grant:
             tx.update_step(a.step_id, status=StepStatus.ALLOWED)
             out = [
@@ -117,10 +114,12 @@ def _record(
     k: Kernel, a: Approval, outcome: DecisionOutcome, now: datetime, agent_id: str, kind: str,
     target: str | None, decided_by: str | None, credential: str | None, reason: str | None,
 ) -> tuple[int, DecisionRecord] | None:
-    if not k.record_decisions:
-        return None
-    return 0, approval_record(a, outcome, now, agent_id=agent_id, kind=kind, target=target or "",
-                              decided_by=decided_by, credential=credential, reason=reason)
+    rec = approval_record(a, outcome, now, agent_id=agent_id, kind=kind, target=target or "",
+                          decided_by=decided_by, credential=credential, reason=reason) if k.record_decisions else None
+    # The decision-log entry of the same decision, with the record's id (shipped after commit).
+    dlog.note_approval(k, a, agent_id, kind, target, outcome.value, now, decided_by=decided_by, rationale=reason,
+                       decision_id=rec.id if rec is not None else None)
+    return (0, rec) if rec is not None else None
 
 
 def _resume(
@@ -151,8 +150,6 @@ def expire_approvals(k: Kernel, limit: int = 100) -> int:
             kind, target = (s.kind, s.target) if s else ("", None)
             error = {"reason": "approval_timeout"}
             tx.set_approval(a.id, status=ApprovalStatus.EXPIRED, decided_at=now, rationale="timeout")
-            dlog.note_approval(k, a, e.agent_id, kind, target, EventType.APPROVAL_EXPIRED.value, now,
-                               decided_by=None, rationale="timeout")
             tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
             out = [
                 ev.approval(EventType.APPROVAL_EXPIRED, a, "expired", rationale="timeout"),

@@ -16,10 +16,8 @@ from typing import Any
 
 from kernel.clock import rfc3339
 from kernel.core.kernel import Kernel
-from kernel.domain import Approval, Decision, Execution, PolicyInput
+from kernel.domain import Approval, Decision, DecisionRecord, Execution, PolicyInput
 from kernel.identity import new_uuid7
-
-_batch: ContextVar[list[dict[str, Any]] | None] = ContextVar("regent_decision_batch", default=None)
 
 STEP_PATH = "regent/step"
 APPROVAL_PATH = "regent/approval"
@@ -27,19 +25,46 @@ SHADOW_PATH = "regent/shadow"
 _ERROR_RULES = ("eval-error", "bundle-error")
 
 
+class _Batch(list[dict[str, Any]]):
+    """The entries of one use case, and the id of the durable decision record last built in it
+    (`bind`), which the next step entry takes as its `decision_id`."""
+
+    record_id: str | None = None
+
+
+_batch: ContextVar[_Batch | None] = ContextVar("regent_decision_batch", default=None)
+
+
 @contextlib.contextmanager
 def collect(k: Kernel) -> Iterator[None]:
     if not k.decision_log.enabled:
         yield
         return
-    batch: list[dict[str, Any]] = []
+    batch = _Batch()
     token = _batch.set(batch)
     try:
         yield
     finally:
         _batch.reset(token)
     if batch:
-        k.decision_log.submit(batch)
+        k.decision_log.submit(list(batch))
+
+
+def bind(record: DecisionRecord) -> DecisionRecord:
+    """Called where the decisions table's record of a step decision is built: the log entry of
+    that decision gets the record's id, so the two join (`GET /v0/decisions`)."""
+    batch = _batch.get()
+    if batch is not None:
+        batch.record_id = record.id
+    return record
+
+
+def _take_record_id() -> str:
+    batch = _batch.get()
+    rid = batch.record_id if batch is not None else None
+    if batch is not None:
+        batch.record_id = None
+    return rid or new_uuid7()
 
 
 def _note(entry: dict[str, Any]) -> None:
@@ -85,7 +110,7 @@ def note_step(k: Kernel, e: Execution, step_id: str | None, inp: PolicyInput, d:
     if reason:
         result["reason"] = reason
     entry: dict[str, Any] = {
-        "decision_id": new_uuid7(),
+        "decision_id": _take_record_id(),
         "path": STEP_PATH,
         "event": event,
         "input": input_document(inp),
@@ -103,16 +128,18 @@ def note_step(k: Kernel, e: Execution, step_id: str | None, inp: PolicyInput, d:
     _note(entry)
 
 
-def note_approval(k: Kernel, a: Approval, agent_id: str, kind: str, target: str | None, event: str,
-                  now: datetime, *, decided_by: str | None, rationale: str | None) -> None:
-    """An approval resolved: granted, denied (by a person) or expired (by the sweep)."""
+def note_approval(k: Kernel, a: Approval, agent_id: str, kind: str, target: str | None, outcome: str,
+                  now: datetime, *, decided_by: str | None, rationale: str | None,
+                  decision_id: str | None = None) -> None:
+    """An approval resolved: `outcome` approval_granted, approval_denied (by a person) or
+    approval_expired (by the sweep)."""
     if not k.decision_log.enabled:
         return
-    status = event.split(".", 1)[1]
+    status = outcome.removeprefix("approval_")
     _note({
-        "decision_id": new_uuid7(),
+        "decision_id": decision_id or new_uuid7(),
         "path": APPROVAL_PATH,
-        "event": event,
+        "event": f"approval.{status}",
         "input": {"approval_id": a.id, "kind": kind, "target": target, "approvers": a.approvers},
         "result": {"decision": status, "decided_by": decided_by, "rationale": rationale},
         "bundles": {},

@@ -231,7 +231,7 @@ def _limited_record(
 ) -> tuple[int, DecisionRecord] | None:
     if not k.record_decisions:
         return None
-    return 0, policy_record(e, sid, req.kind, req.target, DecisionOutcome.RATE_LIMITED, d, now, reason=reason)
+    return 0, dlog.bind(policy_record(e, sid, req.kind, req.target, DecisionOutcome.RATE_LIMITED, d, now, reason=reason))
 
 
 def _rate_limited_event(sid: str, req: StepRequest, d: Decision, reason: str) -> ev.Ev:
@@ -273,7 +273,7 @@ def _record(
         # The decision event is the second of the batch, after step.proposed.
         if not k.record_decisions:
             return None
-        return 1, policy_record(e, sid, req.kind, req.target, outcome, d, now, reason=reason)
+        return 1, dlog.bind(policy_record(e, sid, req.kind, req.target, outcome, d, now, reason=reason))
 
     if d.verdict == Verdict.ALLOW:
         tx.insert_step(dataclasses.replace(base, started_at=now), req.args_text)

@@ -12,6 +12,7 @@ import pytest
 
 from kernel.core import approvals, steps
 from kernel.core.approvals import Principal
+from kernel.core.decisions import DecisionQuery, list_decisions
 from kernel.core.dispatch import claim_due, reap_expired_leases
 from kernel.core.kernel import Kernel
 from kernel.core.policies import store_policy
@@ -70,7 +71,9 @@ def test_step_decisions_become_opa_shaped_entries(logged: tuple[Kernel, Path], r
     assert first["agent_id"] == first["requested_by"] == running.agent_id
     assert first["rule_id"] == "allow-read"
     assert first["result"] == {"decision": "allow", "rule_id": "allow-read"}
-    assert first["bundles"] == {running.agent_id: {"revision": yaml_revision(BUNDLE), "kind": "yaml"}}
+    bundle = first["bundles"][running.agent_id]
+    assert (bundle["revision"], bundle["kind"]) == (yaml_revision(BUNDLE), "yaml")
+    assert len(bundle["policy_hash"]) == 64  # the stored revision's content hash (docs/audit.md)
     assert first["input"]["args"] == {"n": 1}  # masked
     assert first["erased"] == ["/input/args/password"]
     assert first["input"]["execution"]["input"] == {"customer": "c1"}
@@ -78,6 +81,20 @@ def test_step_decisions_become_opa_shaped_entries(logged: tuple[Kernel, Path], r
     assert got[1]["result"]["decision"] == "deny" and got[1]["rule_id"] == "default"
     assert got[1]["step_id"] == denied.step_id
     assert got[0]["decision_id"] != got[1]["decision_id"]
+    # The same decisions as the durable decisions table, under the same ids (no second record).
+    page = list_decisions(k, DecisionQuery(execution_id=eid))
+    assert sorted(r.id for r in page.decisions) == sorted(e["decision_id"] for e in got)
+
+
+def test_an_approval_entry_has_its_decision_record_id(logged: tuple[Kernel, Path], running: Running) -> None:
+    k, path = logged
+    eid, did, att = running.start()
+    blocked = steps.submit_step(k, running.agent_id, eid, did, att, req("transfer", {"amount": 5}))
+    assert blocked.approval_id
+    approvals.decide_approval(k, blocked.approval_id, grant=False, principal=Principal(name="ops-key"),
+                              decided_by="alice", rationale="no")
+    ids = {r.id for r in list_decisions(k, DecisionQuery(execution_id=eid)).decisions}
+    assert {e["decision_id"] for e in entries(k, path)} == ids and len(ids) == 2
 
 
 def test_a_replayed_step_is_not_a_new_decision(logged: tuple[Kernel, Path], running: Running) -> None:
