@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from kernel.core.kernel import Kernel
-from kernel.errors import NotFound
+from kernel.errors import NotFound, ValidationError
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,11 +19,13 @@ class PolicyRevision:
     content: str
     active: bool
     created_at: datetime
+    # SHA-256 of `content`: the `policy_hash` of every decision this revision made (docs/audit.md)
+    content_hash: str = ""
 
 
 def _to_revision(row: Any) -> PolicyRevision:
     return PolicyRevision(row.agent_id, row.seq, row.kind, row.revision, row.content, bool(row.active),
-                          row.created_at)
+                          row.created_at, row.content_hash)
 
 
 def rego_content(mapping_or_bundle: Any) -> str:
@@ -71,6 +73,21 @@ def list_revisions(k: Kernel, agent_id: str) -> list[PolicyRevision]:
         if tx.get_agent(agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
         return [_to_revision(r) for r in tx.list_policy_revisions(agent_id)]
+
+
+def revision_by_hash(k: Kernel, agent_id: str, policy_hash: str) -> PolicyRevision:
+    """The stored bundle whose content hash is `policy_hash` (the newest, if stored more than once):
+    the bundle behind any decision that recorded that hash."""
+    h = policy_hash.lower()
+    if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+        raise ValidationError("validation error: a policy hash is 64 hex digits (SHA-256)")
+    with k.store.read() as tx:
+        if tx.get_agent(agent_id) is None:
+            raise NotFound(f"agent {agent_id!r} not found")
+        row = tx.policy_revision_by_hash(agent_id, h)
+    if row is None:
+        raise NotFound(f"agent {agent_id!r} has no revision with hash {h}")
+    return _to_revision(row)
 
 
 def activate_revision(k: Kernel, agent_id: str, seq: int) -> None:

@@ -41,6 +41,7 @@ def _json(r: PolicyRevision, with_content: bool = True) -> dict[str, Any]:
         "seq": r.seq,
         "kind": r.kind,
         "revision": r.revision,
+        "policy_hash": r.content_hash,
         "active": r.active,
         "created_at": rfc3339(r.created_at),
     }
@@ -85,6 +86,14 @@ async def list_revisions(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write")
     rows = await call(policies.list_revisions, kernel_of(request), agent_id)
     return JSONResponse([_json(r, with_content=False) for r in rows])
+
+
+@router.get("/v0/policies/{agent_id}/revisions/{policy_hash}")
+async def get_revision(agent_id: str, policy_hash: str, request: Request) -> Response:
+    """The bundle behind a recorded `policy_hash`, with its content (docs/audit.md)."""
+    await call(auth_of(request).principal, request, "policies:write")
+    r = await call(policies.revision_by_hash, kernel_of(request), agent_id, policy_hash)
+    return JSONResponse(_json(r))
 
 
 @router.post("/v0/policies/{agent_id}/revisions/{seq}/activate")
