@@ -31,6 +31,7 @@ from rich.table import Table
 from bench import fixtures
 from bench.client import Run, percentile
 from bench.console import CONSOLE
+from bench.judge import JUDGE
 from bench.scenarios import (
     FULL,
     LOCAL_SCENARIOS,
@@ -49,6 +50,7 @@ console = Console(soft_wrap=True)
 if not console.is_terminal:
     console = Console(soft_wrap=True, width=160)  # piped to a file: do not squeeze the tables to 80
 TARGETS = ("bare", "sqlite", "postgres")
+LOCAL = [*LOCAL_SCENARIOS, JUDGE]  # in-process, or with servers of their own, after the shared targets
 
 
 # -- running -----------------------------------------------------------------------------------------
@@ -387,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenarios", default=None,
                    help="comma-separated scenarios to run (default: all): "
                         + ", ".join([f"{s.key} ({s.description})" for s in SCENARIOS]
-                                    + [f"{s.key} ({s.description})" for s in LOCAL_SCENARIOS]))
+                                    + [f"{s.key} ({s.description})" for s in LOCAL]))
     p.add_argument("--concurrency", type=int, default=None, help="client threads for the concurrent round trips")
     p.add_argument("--pg-url", default=os.environ.get("REGENT_TEST_POSTGRES_URL", DEFAULT_PG_URL),
                    help="server for the scratch database (REGENT_TEST_POSTGRES_URL)")
@@ -407,13 +409,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         console.print(f"[red]unknown target(s): {', '.join(sorted(unknown))}[/]")
         return 2
-    scenarios, local = SCENARIOS, LOCAL_SCENARIOS
+    scenarios, local = SCENARIOS, LOCAL
     if args.scenarios:
         wanted = {s.strip() for s in args.scenarios.split(",") if s.strip()}
         scenarios = [s for s in SCENARIOS if s.key in wanted]
-        local = [s for s in LOCAL_SCENARIOS if s.key in wanted]
+        local = [s for s in LOCAL if s.key in wanted]
         if len(scenarios) + len(local) != len(wanted):
-            keys = [s.key for s in SCENARIOS] + [s.key for s in LOCAL_SCENARIOS]
+            keys = [s.key for s in SCENARIOS] + [s.key for s in LOCAL]
             console.print(f"[red]unknown scenario in {args.scenarios!r}; choose from: {', '.join(keys)}[/]")
             return 2
     tmp = Path(tempfile.mkdtemp(prefix="regent-bench-", dir=args.tmpdir))

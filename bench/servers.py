@@ -100,13 +100,15 @@ def serve_bare(log_dir: Path) -> contextlib.AbstractContextManager[Server]:
     return serve("bare", [sys.executable, "-m", "bench.bare", "--port", str(port)], port, {}, log_dir)
 
 
-def serve_kernel(name: str, db_url: str, log_dir: Path) -> contextlib.AbstractContextManager[Server]:
+def serve_kernel(name: str, db_url: str, log_dir: Path,
+                 extra_env: dict[str, str] | None = None) -> contextlib.AbstractContextManager[Server]:
     """`regent serve` with its production defaults (synchronous=FULL on SQLite, dispatcher and
-    sweeps running, bundle resolver, in-memory rate limiter)."""
+    sweeps running, bundle resolver, in-memory rate limiter), plus a scenario's own settings."""
     port = free_port()
     argv = [sys.executable, "-m", "kernel", "serve", "--db-url", db_url, "--host", "127.0.0.1",
             "--port", str(port)]
-    env = {"REGENT_BEARER_TOKEN": "bench-" + uuid.uuid4().hex, "REGENT_SQLITE_SYNCHRONOUS": "full"}
+    env = {"REGENT_BEARER_TOKEN": "bench-" + uuid.uuid4().hex, "REGENT_SQLITE_SYNCHRONOUS": "full",
+           **(extra_env or {})}
     return serve(name, argv, port, env, log_dir)
 
 

@@ -3,6 +3,8 @@ concrete classes."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +100,36 @@ def stream_hooks(settings: Settings, store: SqlStore) -> list[Any]:
     return [postgres_stream_hook(settings.db_url)]
 
 
+def build_judge(settings: Settings, manifest: Manifest | None, env: Mapping[str, str]) -> Any:
+    """The judge port: the deployment's provider (REGENT_JUDGE_PROVIDER, else the manifest's
+    `judge_provider`) and per-agent ones from the manifest; none at all: NoJudge."""
+    from kernel.core.ports import NoJudge
+    from kernel.judge import HttpJudge, JudgeLimits, load_provider
+
+    default_path = settings.judge_provider or (manifest.judge_provider if manifest else None)
+    per_agent = {a.id: load_provider(a.judge_provider, env)
+                 for a in (manifest.agents if manifest else ()) if a.judge_provider is not None}
+    if default_path is None and not per_agent:
+        return NoJudge()
+    limits = JudgeLimits(timeout_seconds=settings.judge_timeout, concurrency=settings.judge_concurrency,
+                         breaker_failures=settings.judge_breaker_failures,
+                         breaker_reset_seconds=settings.judge_breaker_reset)
+    default = load_provider(default_path, env) if default_path else None
+    return HttpJudge(default, per_agent, limits)
+
+
+def judge_hooks(judge: Any) -> list[Any]:
+    """Close the judge's HTTP client with the app (it lives on the app's event loop)."""
+    aclose = getattr(judge, "aclose", None)
+    if aclose is None:
+        return []
+
+    async def hook(app: FastAPI) -> Any:
+        return aclose
+
+    return [hook]
+
+
 def default_core_threads(dialect: str) -> int:
     """SQLite serialises writers, and under the GIL one thread running use cases back to back beats
     several handing off to each other; PostgreSQL statements wait on the network, so a few
@@ -115,6 +147,7 @@ def build_runtime(settings: Settings) -> Runtime:
     decision_log = build_decision_log(settings)  # a bad mask rule fails here too
     from kernel.ratelimit import LimitsLimiter
 
+    judge = build_judge(settings, manifest, os.environ)  # a bad provider file fails before the store opens
     limiter = LimitsLimiter(settings.rate_limit_storage)  # a bad URI fails before the store opens
     store = open_store(
         settings.db_url, sqlite_synchronous=settings.sqlite_synchronous, pool_size=settings.db_pool_size
@@ -130,7 +163,7 @@ def build_runtime(settings: Settings) -> Runtime:
         store, rego=LazyRegoEngine(size=settings.rego_workers, timeout=settings.rego_timeout)
     )
     extra: dict[str, Any] = {"decision_log": decision_log} if decision_log is not None else {}
-    kernel = build_kernel(settings, store, policy=resolver, limiter=limiter, **extra)
+    kernel = build_kernel(settings, store, policy=resolver, limiter=limiter, judge=judge, **extra)
     if manifest is not None:
         try:
             provision(kernel, manifest)
@@ -149,7 +182,7 @@ def build_runtime(settings: Settings) -> Runtime:
                              if settings.console_session_key else None),
         console_session_ttl_seconds=settings.console_session_ttl,
         lifespan_hooks=stream_hooks(settings, store) + background_hooks(settings, kernel)
-        + decision_log_hooks(decision_log),
+        + decision_log_hooks(decision_log) + judge_hooks(judge),
     )
     if decision_log is not None:
         from kernel.decisionlog import DecisionLogCollector

@@ -62,6 +62,8 @@ _DURATIONS = (
     "bundle_min_delay",
     "bundle_max_delay",
     "bundle_timeout",
+    "judge_timeout",
+    "judge_breaker_reset",
 )
 
 
@@ -127,6 +129,12 @@ class Settings(BaseSettings):
     # restart signs everyone out and replicas do not share sessions) and how long a session lasts
     console_session_key: SecretStr | None = None
     console_session_ttl: float = 8 * 3600.0
+    # Judge (the `judge` decision's model; docs/judge.md)
+    judge_provider: str | None = None  # provider file; the manifest may name one per agent
+    judge_timeout: float = Field(default=5.0, gt=0)
+    judge_concurrency: int = Field(default=8, ge=1, le=1024)
+    judge_breaker_failures: int = Field(default=5, ge=1)
+    judge_breaker_reset: float = 30.0
 
     # Decision logs (docs/policy-rollout.md): off unless a sink is set
     decision_log_file: str | None = None

@@ -23,7 +23,7 @@ from kernel.errors import ValidationError as FieldError
 
 log = logging.getLogger("kernel.manifest")
 
-_AGENT_KEYS = ("id", "webhook_url", "secret", "lease_timeout_seconds", "policy", "policy_file")
+_AGENT_KEYS = ("id", "webhook_url", "secret", "lease_timeout_seconds", "policy", "policy_file", "judge_provider")
 _REQUIRED = ("id", "webhook_url", "secret")
 # `$VAR`, `${VAR}`, and (a Regent extension) `${VAR:-default}` for an unset or empty VAR.
 _VAR = re.compile(r"\$\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)")
@@ -42,6 +42,7 @@ class ManifestAgent:
     lease_timeout_seconds: int | None = None
     policy: str | None = None  # inline bundle text
     policy_file: Path | None = None  # absolute path
+    judge_provider: Path | None = None  # this agent's judge provider file (docs/judge.md)
 
     @property
     def policy_source(self) -> PolicySource | None:
@@ -53,6 +54,7 @@ class Manifest:
     path: Path
     agents: tuple[ManifestAgent, ...]
     warnings: tuple[str, ...] = field(default=())
+    judge_provider: Path | None = None  # the deployment's judge provider file, if REGENT_JUDGE_PROVIDER is unset
 
 
 def expand_env(text: str, env: Mapping[str, str]) -> str:
@@ -108,12 +110,13 @@ class _Parser:
             raise ConfigError(f"{self.path}: invalid YAML: {exc}") from None
         if root is None:
             raise ConfigError(f"{self.path}: the manifest is empty (expected `agents: [...]`)")
-        top = self.mapping(root, "the manifest", allowed=("agents",))
+        top = self.mapping(root, "the manifest", allowed=("agents", "judge_provider"))
+        judge = self.file_path(top["judge_provider"], "judge_provider", "the manifest") if "judge_provider" in top else None
         agents_node = top.get("agents")
         if agents_node is None:
             raise self.fail(root, "missing key `agents`")
         if isinstance(agents_node, ScalarNode) and agents_node.tag.endswith(":null"):
-            return Manifest(self.path, (), tuple(self.warnings))
+            return Manifest(self.path, (), tuple(self.warnings), judge_provider=judge)
         if not isinstance(agents_node, SequenceNode):
             raise self.fail(agents_node, "`agents` must be a list of agents")
         agents: list[ManifestAgent] = []
@@ -124,7 +127,7 @@ class _Parser:
                 raise self.fail(item, f"agent {a.id!r} is listed twice (first at line {seen[a.id]})")
             seen[a.id] = a.line
             agents.append(a)
-        return Manifest(self.path, tuple(agents), tuple(self.warnings))
+        return Manifest(self.path, tuple(agents), tuple(self.warnings), judge_provider=judge)
 
     def mapping(self, node: Node, what: str, allowed: tuple[str, ...]) -> dict[str, Node]:
         if not isinstance(node, MappingNode):
@@ -176,8 +179,11 @@ class _Parser:
             raise self.fail(fields["policy_file"], f"agent {agent_id!r}: `policy` and `policy_file` are mutually exclusive")
         policy = self.inline_policy(fields["policy"], agent_id) if "policy" in fields else None
         policy_file = self.policy_path(fields["policy_file"], agent_id) if "policy_file" in fields else None
+        judge = (self.file_path(fields["judge_provider"], "judge_provider", f"agent {agent_id!r}")
+                 if "judge_provider" in fields else None)
         return ManifestAgent(id=agent_id, webhook_url=webhook_url, secret=secret, line=node.start_mark.line + 1,
-                             lease_timeout_seconds=lease, policy=policy, policy_file=policy_file)
+                             lease_timeout_seconds=lease, policy=policy, policy_file=policy_file,
+                             judge_provider=judge)
 
     def lease(self, node: Node | None, agent_id: str) -> int | None:
         if node is None:
@@ -211,11 +217,15 @@ class _Parser:
         raise self.fail(node, f"agent {agent_id!r}: `policy` must be bundle text or a mapping")
 
     def policy_path(self, node: Node, agent_id: str) -> Path:
-        rel = self.string(node, "policy_file")
+        return self.file_path(node, "policy_file", f"agent {agent_id!r}")
+
+    def file_path(self, node: Node, key: str, owner: str) -> Path:
+        """A file named relative to the manifest, which must exist."""
+        rel = self.string(node, key)
         p = Path(rel)
         p = p if p.is_absolute() else self.base / p
         if not p.exists():
-            raise self.fail(node, f"agent {agent_id!r}: policy_file {rel!r} not found (looked for {p})")
+            raise self.fail(node, f"{owner}: {key} {rel!r} not found (looked for {p})")
         return p
 
 

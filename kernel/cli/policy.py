@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kernel.cli.sign import add_sign_command, add_verify_arguments, verify_signature
-from kernel.domain import PolicyInput
+from kernel.domain import JudgeAnswer, PolicyInput, resolve_judge
 from kernel.errors import ValidationError
 from kernel.policy.cases import Report, parse_cases, run_cases
 from kernel.policy.testing import (
@@ -270,6 +270,11 @@ def _eval(args: argparse.Namespace, engine: Any) -> int:
     if parsed is not None and not isinstance(parsed, dict):
         err.print("[red]--args must be a JSON object[/]")
         return 1
+    try:
+        judge = _judge_mock(args.judge)
+    except ValueError as exc:
+        err.print(f"[red]--judge: {exc}[/]")
+        return 1
     inp = PolicyInput(agent_id=args.agent_id or "", kind=args.kind, target=args.target, args=parsed)
     if args.explain:
         from kernel.core.playground import explain
@@ -277,10 +282,29 @@ def _eval(args: argparse.Namespace, engine: Any) -> int:
         d, lines = explain(bundle.compiled, inp)
     else:
         d, lines = bundle.compiled.evaluate(inp), []
+    if d.judge is not None:  # a judge rule asks the --judge stand-in, or denies as unconfigured
+        d = resolve_judge(d, JudgeAnswer.mocked(judge))
     out.print(f"  {d.verdict.value}  {d.rule_id}" + (f"  {d.reason}" if d.reason else ""))
     for line in lines:
         out.print(f"    {line}", markup=False, highlight=False)
     return 0
+
+
+def _judge_mock(text: str | None) -> dict[str, float] | None:
+    """`--judge '{"allow": 0.2, "deny": 0.7}'`: the probabilities a judge rule gets."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    outcomes = ("allow", "deny", "require_approval")
+    if not isinstance(value, dict) or not value or any(
+        k not in outcomes or isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1
+        for k, v in value.items()
+    ):
+        raise ValueError("an object mapping allow, deny and require_approval to probabilities in [0, 1]")
+    return {k: float(v) for k, v in value.items()}
 
 
 def add_commands(sub: Any) -> None:
@@ -310,6 +334,8 @@ def add_commands(sub: Any) -> None:
     e.add_argument("--kind", default="tool_call", choices=["tool_call", "llm_call", "local"])
     e.add_argument("--agent-id", dest="agent_id")
     e.add_argument("--explain", action="store_true")
+    e.add_argument("--judge", default=None, metavar="JSON",
+                   help='probabilities a judge rule gets, e.g. \'{"allow": 0.2, "deny": 0.7}\' (default: no judge, deny)')
     e.set_defaults(fn=cmd_eval)
 
 

@@ -34,6 +34,8 @@ def decision_fields(d: Decision) -> dict[str, Any]:
         out["policy_hash"] = d.policy_hash
     if d.reason:
         out["reason"] = d.reason
+    if d.judge_record is not None:
+        out["judge"] = d.judge_record
     return out
 
 

@@ -1,4 +1,4 @@
-"""The use cases' shared context: store, clock, policy, limiter and the kernel's knobs."""
+"""The use cases' shared context: store, clock, policy, limiter, judge and the kernel's knobs."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from datetime import timedelta
 from kernel.clock import Clock, SystemClock
 from kernel.core.ports import (
     DecisionLog,
+    Judge,
     Limiter,
     NoDecisionLog,
+    NoJudge,
     NoLimiter,
     PermissiveResolver,
     PolicyResolver,
@@ -64,6 +66,7 @@ class Kernel:
     clock: Clock = field(default_factory=SystemClock)
     policy: PolicyResolver = field(default_factory=PermissiveResolver)
     limiter: Limiter = field(default_factory=NoLimiter)
+    judge: Judge = field(default_factory=NoJudge)
     replica_id: str = "regent"
     dispatch_max_attempts: int = 5
     dispatch_base_delay: float = 1.0

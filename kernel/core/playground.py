@@ -9,7 +9,7 @@ from typing import Any
 
 from kernel.core.kernel import Kernel
 from kernel.core.policy_test import Candidate, compiled
-from kernel.domain import Decision, PolicyInput
+from kernel.domain import Decision, JudgeAnswer, PolicyInput, resolve_judge
 from kernel.errors import NotFound
 
 
@@ -55,6 +55,8 @@ def explain(bundle: Any, inp: PolicyInput) -> tuple[Decision, list[str]]:
 def _evaluate(k: Kernel, label: str, c: Candidate, inp: PolicyInput) -> Evaluation:
     with compiled(k, c) as bundle:
         d, lines = explain(bundle, inp)
+        if d.judge is not None:  # the playground never calls a model: the rule's fallback shows
+            d = resolve_judge(d, JudgeAnswer.unavailable("the playground does not ask the judge"))
         return Evaluation(label, c.kind, bundle.revision, d.verdict.value, d.rule_id, d.reason, lines)
 
 

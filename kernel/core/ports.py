@@ -1,4 +1,4 @@
-"""The seams the core sees: the policy resolver and the rate limiter, as small Protocols.
+"""The seams the core sees: the policy resolver, the rate limiter and the judge, as small Protocols.
 
 The store is `kernel.store.SqlStore` (one implementation per dialect behind one class); the app
 factory is the one place that picks concrete classes.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kernel.domain import Decision, PolicyInput, RateLimitSpec
+from kernel.domain import Decision, JudgeAnswer, JudgeSpec, PolicyInput, RateLimitSpec
 from kernel.store import Tx
 
 
@@ -69,3 +69,17 @@ class NoDecisionLog:
 
     def submit(self, entries: list[dict[str, Any]]) -> None:
         return None
+
+
+class Judge(Protocol):
+    """Asks a `judge` rule's model (kernel.judge). Never raises: any failure is an answer saying
+    why, which the rule's fallback decides. Awaited on the event loop, outside any transaction."""
+
+    async def ask(self, spec: JudgeSpec, inp: PolicyInput) -> JudgeAnswer: ...
+
+
+class NoJudge:
+    """No judge provider configured: a judge rule denies with `judge not configured`."""
+
+    async def ask(self, spec: JudgeSpec, inp: PolicyInput) -> JudgeAnswer:
+        return JudgeAnswer.not_configured()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,17 +26,31 @@ from kernel.domain import (
     EventType,
     Execution,
     ExecutionStatus,
+    JudgeAnswer,
+    JudgeSpec,
     PolicyInput,
     Step,
     StepKind,
     StepStatus,
     Verdict,
+    resolve_judge,
 )
 from kernel.domain.step import INDETERMINATE_ERROR, Idempotency
 from kernel.errors import Conflict, LeaseSuperseded, NotFound
 from kernel.identity import new_uuid7
 from kernel.identity import step_id as compute_step_id
 from kernel.store import Tx
+
+
+class JudgeNeeded(Exception):
+    """A judge rule decided this new step. Raised inside the submit's transaction before anything
+    is written (so it rolls back): the caller asks the judge outside any transaction or lane
+    thread, then submits again with the answer in `judged` (kernel/api/routes/agent.py)."""
+
+    def __init__(self, rule_id: str, spec: JudgeSpec, inp: PolicyInput):
+        super().__init__(rule_id)
+        self.rule_id, self.spec, self.input = rule_id, spec, inp
+
 
 INDETERMINATE_RETRY = Decision(Verdict.DENY, "__indeterminate_retry", "prior attempt outcome unknown; retry refused")
 _UNSET: Any = object()
@@ -89,14 +104,19 @@ def bucket_key(rule_id: str, per_what: str, e: Execution) -> str:
 
 
 def submit_step(
-    k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest
+    k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest,
+    judged: Mapping[str, JudgeAnswer] | None = None,
 ) -> StepAnswer:
+    """Replay or decide one step. A judge rule's first pass raises JudgeNeeded; the second pass
+    takes the judge's answer by rule id in `judged` (a rule other than the one asked about, say
+    after a bundle change in between, is resolved as if the judge were unavailable)."""
     with dlog.collect(k):  # decision-log entries leave only once the transaction has committed
-        return _submit_step(k, agent_id, execution_id, dispatch_id, attempt, req)
+        return _submit_step(k, agent_id, execution_id, dispatch_id, attempt, req, judged)
 
 
 def _submit_step(
-    k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest
+    k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest,
+    judged: Mapping[str, JudgeAnswer] | None,
 ) -> StepAnswer:
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
@@ -114,7 +134,7 @@ def _submit_step(
         elif e.status == ExecutionStatus.BLOCKED:
             return StepAnswer("execution_blocked")
         else:
-            answer = _decide_new(k, tx, e, sid, occurrence, req, dispatch_id, attempt, now)
+            answer = _decide_new(k, tx, e, sid, occurrence, req, dispatch_id, attempt, now, judged)
             if not answer.recorded:
                 return answer
         tx.advance_counter(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
@@ -156,7 +176,7 @@ def _answer_existing(tx: Tx, s: Step, req: StepRequest, now: datetime) -> StepAn
 
 def _decide_new(
     k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest,
-    dispatch_id: str, attempt: int, now: datetime,
+    dispatch_id: str, attempt: int, now: datetime, judged: Mapping[str, JudgeAnswer] | None,
 ) -> StepAnswer:
     usage_in, usage_out = e.usage_input, e.usage_output  # read with the row, under the lock
     inp = PolicyInput(
@@ -180,6 +200,8 @@ def _decide_new(
         decision = INDETERMINATE_RETRY
     else:
         decision = k.policy.decide(inp, tx=tx)
+        if decision.judge is not None:
+            decision = _judged(decision, inp, judged)
         limited = _apply_rate_limit(k, tx, e, sid, req, decision, dispatch_id, attempt, now)
         if limited is not None:
             dlog.note_step(k, e, sid, inp, decision, EventType.STEP_RATE_LIMITED.value, now,
@@ -197,6 +219,14 @@ _DECISION_EVENTS = {
     Verdict.DENY: EventType.STEP_DENIED,
     Verdict.REQUIRE_APPROVAL: EventType.STEP_AWAITING_APPROVAL,
 }
+
+
+def _judged(d: Decision, inp: PolicyInput, judged: Mapping[str, JudgeAnswer] | None) -> Decision:
+    assert d.judge is not None
+    if judged is None:
+        raise JudgeNeeded(d.rule_id, d.judge, inp)
+    answer = judged.get(d.rule_id) or JudgeAnswer.unavailable("the policy changed while the judge was asked")
+    return resolve_judge(d, answer)
 
 
 def _apply_rate_limit(

@@ -14,6 +14,7 @@ from kernel.domain.decision import (
 from kernel.domain.dispatch import Dispatch, DispatchStatus
 from kernel.domain.event import Event, EventType
 from kernel.domain.execution import Execution, ExecutionStatus
+from kernel.domain.judge import JudgeAnswer, JudgeSpec, resolve_judge
 from kernel.domain.step import Idempotency, Step, StepKind, StepStatus
 
 __all__ = [
@@ -33,10 +34,13 @@ __all__ = [
     "Execution",
     "ExecutionStatus",
     "Idempotency",
+    "JudgeAnswer",
+    "JudgeSpec",
     "PolicyInput",
     "RateLimitSpec",
     "Step",
     "StepKind",
     "StepStatus",
     "Verdict",
+    "resolve_judge",
 ]

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from kernel.domain.judge import JudgeSpec
+
 
 class Verdict(StrEnum):
     ALLOW = "allow"
@@ -73,6 +75,10 @@ class Decision:
     # SHA-256 of the bundle's canonical content (the stored revision's `content_hash`): two bundles
     # with one manifest revision still differ here. Set by the resolver; "" without a bundle.
     policy_hash: str = ""
+    # A judge rule before the judge answered (`verdict` holds its fallback until then); the core
+    # resolves it with kernel.domain.judge.resolve_judge, which fills `judge_record` for the audit.
+    judge: JudgeSpec | None = None
+    judge_record: dict[str, Any] | None = None
 
     @classmethod
     def permissive(cls) -> Decision:

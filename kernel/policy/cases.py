@@ -13,13 +13,13 @@ from typing import Any
 
 import yaml
 
-from kernel.domain import PolicyInput
+from kernel.domain import JudgeAnswer, PolicyInput, resolve_judge
 from kernel.errors import ValidationError
 from kernel.policy.resolver import CompiledBundle
 
 _FILE_KEYS = {"agent_id", "cases"}
 _CASE_KEYS = {"name", "agent_id", "kind", "target", "args", "expect", "expect_rule", "expect_reason", "context"}
-_CONTEXT_KEYS = {"now", "usage", "execution", "agent_id", "rate_limit"}
+_CONTEXT_KEYS = {"now", "usage", "execution", "agent_id", "rate_limit", "judge"}
 _KINDS = {"tool_call", "llm_call", "local"}
 _EXPECT = {"allow", "deny", "require_approval"}
 
@@ -98,6 +98,7 @@ def _case(raw: Any, i: int, source: str, file_agent: str) -> Case:
     limits = context.get("rate_limit") or {}
     if not isinstance(limits, dict) or any(v != "exhausted" for v in limits.values()):
         raise ValidationError(f"{source}: case {i}: context.rate_limit maps rule ids to 'exhausted'")
+    _check_judge_mock(context.get("judge"), f"{source}: case {i}")
     expect = raw.get("expect") or ""
     if expect in ("rate_limited", "blocked") and limits:
         pass
@@ -117,9 +118,22 @@ def _case(raw: Any, i: int, source: str, file_agent: str) -> Case:
                 expect_reason=reason, context=context)
 
 
+def _check_judge_mock(mock: Any, where: str) -> None:
+    """`context.judge` stands in for the judge: outcome → probability, e.g. {allow: 0.2, deny: 0.7}."""
+    if mock is None:
+        return
+    outcomes = ("allow", "deny", "require_approval")
+    if not isinstance(mock, dict) or not mock or any(k not in outcomes for k in mock):
+        raise ValidationError(f"{where}: context.judge maps allow, deny and require_approval to probabilities")
+    for k, v in mock.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ValidationError(f"{where}: context.judge.{k} must be a number between 0 and 1")
+
+
 def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ...] = (),
               on_case: Callable[[], None] | None = None) -> Report:
-    """Evaluate each case with the rule engine only (no rate limits, budgets or kernel guards);
+    """Evaluate each case with the rule engine only (no rate limits, budgets or kernel guards; a
+    judge rule asks the case's `context.judge` stand-in, or denies `judge not configured`);
     `on_case` is called after each (the CLI's progress bar)."""
     report = Report()
     seen: set[str] = set()
@@ -130,6 +144,8 @@ def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ..
         if "usage" in extra:
             extra["usage"] = {"input_tokens": 0, "output_tokens": 0, **extra["usage"]}
         d = bundle.evaluate(PolicyInput(agent_id=c.agent_id, kind=c.kind, target=c.target, args=args, **extra))
+        if d.judge is not None:  # judge rules ask the case's stand-in, or deny as unconfigured
+            d = resolve_judge(d, JudgeAnswer.mocked(c.context.get("judge")))
         seen.add(d.rule_id)
         got, reason = d.verdict.value, d.reason
         if got == "allow" and d.rate_limit is not None and d.rule_id in (c.context.get("rate_limit") or {}):

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel.domain import PolicyInput
+from kernel.domain import JudgeAnswer, PolicyInput, resolve_judge
 from kernel.policy.resolver import CompiledBundle
 
 
@@ -76,6 +76,8 @@ def replay(bundle: CompiledBundle, steps: list[RecordedStep], *, truncated: bool
     report = ReplayReport(truncated=truncated)
     for s in steps:
         d = bundle.evaluate(policy_input(s))
+        if d.judge is not None:  # a replay never calls out: the rule's fallback stands in
+            d = resolve_judge(d, JudgeAnswer.unavailable("the judge is not asked in a replay"))
         report.results.append(ReplayResult(s, d.verdict.value, d.rule_id, d.reason))
     return report
 

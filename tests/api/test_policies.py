@@ -69,9 +69,12 @@ def test_invalid_bundle_is_400_with_line_and_active_revision_keeps_deciding(
     assert agent_client.lease(did, att).submit(eid, "shell_exec", {"command": "ls"}).json()["decision"] == "proceed"
 
 
-def test_judge_rule_is_rejected(governed: Kernel, server: ServerThread, running: Running) -> None:
-    r = _post(server, "shell", "rules:\n  - id: j\n    then: {decision: judge}\n")
-    assert r.status_code == 400 and "j" in r.json()["message"]
+def test_judge_rule_loads_and_denies_without_a_judge(governed: Kernel, server: ServerThread, running: Running,
+                                                      agent_client: AgentClient) -> None:
+    assert _post(server, "shell", "rules:\n  - id: j\n    then: {decision: judge}\n").status_code == 204
+    eid, did, att = running.start()
+    answer = agent_client.lease(did, att).submit(eid, "shell_exec", {"command": "ls"}).json()
+    assert (answer["decision"], answer["rule_id"], answer["reason"]) == ("denied", "j", "judge not configured")
 
 
 def test_revisions_are_kept_and_an_earlier_one_can_be_reactivated(governed: Kernel, server: ServerThread,

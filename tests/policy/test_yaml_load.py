@@ -132,12 +132,12 @@ LOAD_ERRORS = [
     (
         "decision-wrong-case",
         _rule(then="{decision: Allow}"),
-        'line 3: rule "r": then.decision must be one of allow, deny, require_approval; got "Allow"',
+        'line 3: rule "r": then.decision must be one of allow, deny, require_approval, judge; got "Allow"',
     ),
     (
         "decision-unknown",
         _rule(then="{decision: require-approval}"),
-        'line 3: rule "r": then.decision must be one of allow, deny, require_approval; got "require-approval"',
+        'line 3: rule "r": then.decision must be one of allow, deny, require_approval, judge; got "require-approval"',
     ),
     ("decision-missing", _rule(then="{reason: x}"), 'line 3: rule "r": missing then.decision'),
     ("decision-empty", _rule(then='{decision: ""}'), 'line 3: rule "r": missing then.decision'),
@@ -149,14 +149,34 @@ LOAD_ERRORS = [
         'line 2: rule "r": missing then.decision',
     ),
     (
-        "judge-decision",
-        _rule(then="{decision: judge, judge: {instructions: be nice}}"),
-        'line 3: rule "r": judge decisions are not supported by Regent',
+        "judge-block-without-judge-decision",
+        _rule(then="{decision: allow, judge: {threshold: 0.5}}"),
+        'line 3: rule "r": then.judge is only allowed with decision "judge", not "allow"',
     ),
     (
-        "judge-block",
-        _rule(then="{decision: allow, judge: {threshold: 0.5}}"),
-        'line 3: rule "r": judge decisions are not supported by Regent (then.judge)',
+        "judge-threshold-above-one",
+        _rule(then="{decision: judge, judge: {threshold: 1.5}}"),
+        'line 3: rule "r": then.judge.threshold must be between 0 and 1, got 1.5',
+    ),
+    (
+        "judge-threshold-negative",
+        _rule(then="{decision: judge, judge: {threshold: -0.1}}"),
+        'line 3: rule "r": then.judge.threshold must be between 0 and 1, got -0.1',
+    ),
+    (
+        "judge-threshold-string",
+        _rule(then='{decision: judge, judge: {threshold: "0.5"}}'),
+        'line 3: rule "r": then.judge.threshold must be a number between 0 and 1',
+    ),
+    (
+        "judge-fallback-unknown",
+        _rule(then="{decision: judge, judge: {fallback: judge}}"),
+        'line 3: rule "r": then.judge.fallback must be one of allow, deny, require_approval; got "judge"',
+    ),
+    (
+        "judge-unknown-key",
+        _rule(then="{decision: judge, judge: {model: gpt}}"),
+        'line 3: rule "r": unknown key "model" in then.judge',
     ),
     (
         "timeout-integer",
@@ -363,7 +383,7 @@ def test_load_error_names_line_and_rule(text: str, message: str) -> None:
 
 def test_load_error_details_carry_line_and_rule_id() -> None:
     with pytest.raises(ValidationError) as caught:
-        _compile(_rule(then="{decision: judge}", rule_id="ask-model"))
+        _compile(_rule(then="{decision: maybe}", rule_id="ask-model"))
     assert caught.value.details == {"line": 3, "rule_id": "ask-model"}
 
 

@@ -84,7 +84,14 @@ async def submit_step(execution_id: str, request: Request) -> Response:
         args_hash=args_hash(text),
         idempotency=body.idempotency,
     )
-    answer = await call(steps.submit_step, kernel_of(request), a.agent_id, eid, did, attempt, req)
+    k = kernel_of(request)
+    try:
+        answer = await call(steps.submit_step, k, a.agent_id, eid, did, attempt, req)
+    except steps.JudgeNeeded as need:
+        # A judge rule: ask the model here, on the event loop, with no transaction open and no
+        # lane thread held; then decide again with its answer (kernel.core.steps.JudgeNeeded).
+        verdict = await k.judge.ask(need.spec, need.input)
+        answer = await call(steps.submit_step, k, a.agent_id, eid, did, attempt, req, {need.rule_id: verdict})
     request.app.state.metrics.decision(req.kind, answer.decision)
     return JSONResponse(answer.to_json())
 

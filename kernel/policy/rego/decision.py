@@ -8,6 +8,7 @@ and a reason naming what was wrong: a malformed policy must fail closed, visibly
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from kernel.domain.decision import (
@@ -18,6 +19,7 @@ from kernel.domain.decision import (
     RateLimitSpec,
     Verdict,
 )
+from kernel.domain.judge import DEFAULT_THRESHOLD, JudgeSpec
 from kernel.policy.duration import DurationError, parse_duration
 
 __all__ = [
@@ -31,7 +33,8 @@ __all__ = [
 
 EVAL_ERROR = "eval-error"
 _VERDICT_RANK = {Verdict.DENY: 0, Verdict.REQUIRE_APPROVAL: 1, Verdict.ALLOW: 2}
-_FIELDS = {"decision", "rule_id", "reason", "approval_config", "rate_limit", "budget"}
+_FIELDS = {"decision", "rule_id", "reason", "approval_config", "rate_limit", "budget", "judge"}
+_JUDGE_FIELDS = {"instructions", "threshold", "fallback"}
 _APPROVAL_FIELDS = {"approvers", "timeout", "message"}
 _RATE_FIELDS = {"max_calls", "window", "per_what", "max_wait", "on_limiter_error"}
 _BUDGET_FIELDS = {"max_tokens", "on_exceed"}
@@ -95,8 +98,14 @@ def _element(value: Any, index: int) -> Decision:
 
 
 def _combine(decisions: list[Decision]) -> Decision:
-    """Deny-overrides: any deny, else any require_approval, else allow; ties by rule_id."""
-    return min(decisions, key=lambda d: (_VERDICT_RANK[d.verdict], d.rule_id))
+    """Deny-overrides: any deny, else any require_approval, else a judge, else allow; ties by
+    rule_id. A judge member is asked only when nothing stricter than allow is in the set: a deny
+    stands and a human approval is asked anyway, whatever a model would say."""
+    return min(decisions, key=lambda d: (_rank(d), d.rule_id))
+
+
+def _rank(d: Decision) -> float:
+    return 1.5 if d.judge is not None else _VERDICT_RANK[d.verdict]
 
 
 def parse_output_object(obj: dict[str, Any]) -> Decision:
@@ -107,12 +116,13 @@ def parse_output_object(obj: dict[str, Any]) -> Decision:
     if "decision" not in obj:
         raise OutputError('missing "decision"')
     raw = obj["decision"]
-    if raw == "judge":
-        raise OutputError('decision "judge" is not supported by Regent')
-    if not isinstance(raw, str) or raw not in _VERDICT_RANK:
+    if raw != "judge" and (not isinstance(raw, str) or raw not in _VERDICT_RANK):
         raise OutputError(
-            f'unknown decision {raw!r} (expected "allow", "deny" or "require_approval")'
+            f'unknown decision {raw!r} (expected "allow", "deny", "require_approval" or "judge")'
         )
+    judge = _judge(obj.get("judge", {})) if raw == "judge" else None
+    if judge is None and "judge" in obj:
+        raise OutputError(f'"judge" is only allowed with decision "judge", not {raw!r}')
     rule_id = obj.get("rule_id")
     if rule_id is None:
         raise OutputError('missing "rule_id"')
@@ -124,26 +134,18 @@ def parse_output_object(obj: dict[str, Any]) -> Decision:
     if not isinstance(reason, str):
         raise OutputError(f"reason must be a string, not {_type_name(reason)}")
     return Decision(
-        Verdict(raw),
+        Verdict(judge.fallback) if judge is not None else Verdict(raw),
         rule_id,
         reason,
         approval=_approval(obj["approval_config"]) if "approval_config" in obj else None,
         rate_limit=_rate_limit(obj["rate_limit"]) if "rate_limit" in obj else None,
         budget=_budget(obj["budget"]) if "budget" in obj else None,
+        judge=judge,
     )
 
 
 def _stamp(d: Decision, revision: str) -> Decision:
-    return Decision(
-        d.verdict,
-        d.rule_id,
-        d.reason,
-        approval=d.approval,
-        rate_limit=d.rate_limit,
-        budget=d.budget,
-        policy_kind=PolicyKind.REGO,
-        policy_revision=revision,
-    )
+    return dataclasses.replace(d, policy_kind=PolicyKind.REGO, policy_revision=revision)
 
 
 def _section(value: Any, name: str, allowed: set[str]) -> dict[str, Any]:
@@ -179,6 +181,19 @@ def _rate_limit(value: Any) -> RateLimitSpec:
         max_wait_seconds=_duration(v, "max_wait", "rate_limit"),
         on_limiter_error=_choice(v, "on_limiter_error", "rate_limit", ("allow", "deny")),
     )
+
+
+def _judge(value: Any) -> JudgeSpec:
+    v = _section(value, "judge", _JUDGE_FIELDS)
+    instructions = v.get("instructions", "")
+    if not isinstance(instructions, str):
+        raise OutputError("judge.instructions must be a string")
+    threshold = v.get("threshold", 0)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+        raise OutputError(f"judge.threshold must be a number between 0 and 1, not {threshold!r}")
+    fallback = _choice(v, "fallback", "judge", ("require_approval", "allow", "deny"))
+    return JudgeSpec(instructions=instructions, threshold=float(threshold) or DEFAULT_THRESHOLD,
+                     fallback=fallback)
 
 
 def _budget(value: Any) -> BudgetSpec:

@@ -134,7 +134,6 @@ def static_problems(
     if report is not None:
         problems += _compile_problems(bundle, report)
     problems += _call_problems(bundle, report.builtins if report else {}, set(unavailable))
-    problems += _judge_problems(bundle)
     problems += _format_problems(bundle)
     problems += _entrypoint_problems(bundle)
     return problems
@@ -260,14 +259,6 @@ def _format_problems(bundle: RegoBundle) -> list[str]:
         for path, scan in bundle.scans.items()
         for line, col, fmt in scan.formats
         for problem in format_problems(fmt)
-    ]
-
-
-def _judge_problems(bundle: RegoBundle) -> list[str]:
-    return [
-        f'{bundle.display_path(path)}:{line}:{col}: decision "judge" is not supported by Regent'
-        for path, scan in bundle.scans.items()
-        for line, col in scan.judge
     ]
 
 

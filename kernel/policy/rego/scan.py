@@ -98,7 +98,6 @@ class ModuleScan:
     heads: frozenset[str] = frozenset()  # rule and function names (first segment and full ref)
     calls: tuple[Call, ...] = ()
     whole_input_with: tuple[tuple[int, int], ...] = ()  # `with input as …` positions
-    judge: tuple[tuple[int, int], ...] = ()  # `"decision": "judge"` positions
     formats: tuple[tuple[int, int, str], ...] = ()  # sprintf's literal format strings (line, col, text)
 
 
@@ -162,7 +161,6 @@ def scan_module(source: str) -> ModuleScan:
     heads: set[str] = set()
     calls: list[Call] = []
     whole_input: list[tuple[int, int]] = []
-    judge: list[tuple[int, int]] = []
     formats: list[tuple[int, int, str]] = []
     depth = 0
     i, n = 0, len(toks)
@@ -217,15 +215,6 @@ def scan_module(source: str) -> ModuleScan:
             if j > i + 1:
                 prev, i = toks[j - 1], j
                 continue
-        if (
-            tok.kind in ("str", "raw")
-            and tok.text[1:-1] == "decision"
-            and i + 2 < n
-            and toks[i + 1].text == ":"
-            and toks[i + 2].kind in ("str", "raw")
-            and toks[i + 2].text[1:-1] == "judge"
-        ):
-            judge.append((toks[i + 2].line, toks[i + 2].col))
         if tok.text in ("(", "[", "{"):
             depth += 1
         elif tok.text in (")", "]", "}"):
@@ -239,6 +228,5 @@ def scan_module(source: str) -> ModuleScan:
         heads=frozenset(heads),
         calls=tuple(calls),
         whole_input_with=tuple(whole_input),
-        judge=tuple(judge),
         formats=tuple(formats),
     )

@@ -19,10 +19,18 @@ from kernel.domain.decision import (
     RateLimitSpec,
     Verdict,
 )
+from kernel.domain.judge import DEFAULT_THRESHOLD, JudgeSpec
 from kernel.errors import ValidationError
 from kernel.policy.yaml.engine import YamlBundle
 from kernel.policy.yaml.glob import Glob, GlobError, compile_glob
-from kernel.policy.yaml.loader import STR, BundleReader, bundle_error, line_of, parse_document
+from kernel.policy.yaml.loader import (
+    FLOAT,
+    INT,
+    BundleReader,
+    bundle_error,
+    line_of,
+    parse_document,
+)
 from kernel.policy.yaml.predicate import (
     COMPARISONS,
     JSON_TYPES,
@@ -51,8 +59,10 @@ _MAX_NOT_DEPTH = 4
 _APPROVAL_KEYS = frozenset({"approvers", "timeout", "message"})
 _RATE_LIMIT_KEYS = frozenset({"max_calls", "window", "per_what", "max_wait", "on_limiter_error"})
 _BUDGET_KEYS = frozenset({"max_tokens", "on_exceed"})
+_JUDGE_KEYS = frozenset({"instructions", "threshold", "fallback"})
 
-_DECISIONS = ("allow", "deny", "require_approval")
+_DECISIONS = ("allow", "deny", "require_approval", "judge")
+_FALLBACKS = ("allow", "deny", "require_approval")
 
 
 class _When(TypedDict, total=False):
@@ -63,8 +73,6 @@ class _When(TypedDict, total=False):
     targets: tuple[Glob, ...]
     predicates: tuple[Predicate, ...]
 
-
-_NO_JUDGE = "judge decisions are not supported by Regent"
 
 
 def compile_yaml_bundle(text: str, *, revision: str) -> YamlBundle:
@@ -268,20 +276,17 @@ def _compile_predicate(
 def _compile_then(reader: BundleReader, node: Node, rule_id: str, revision: str) -> Decision | None:
     if reader.is_null(node):
         return None
-    verdict: Verdict | None = None
+    word = ""
     reason = ""
     approval: ApprovalConfig | None = None
     rate_limit: RateLimitSpec | None = None
     budget: BudgetSpec | None = None
+    judge: JudgeSpec | None = None
+    judge_node: Node | None = None
     for key, key_node, value in reader.mapping(node, _THEN_KEYS, "then"):
         where = f"then.{key}"
         if key == "decision":
-            if isinstance(value, ScalarNode) and value.tag == STR and value.value == "judge":
-                reader.fail(value, _NO_JUDGE)
             word = reader.word(value, where, _DECISIONS)
-            verdict = Verdict(word) if word else None
-        elif key == "judge":
-            reader.fail(key_node, f"{_NO_JUDGE} (then.judge)")
         elif key == "reason":
             reason = reader.text(value, where)
         elif reader.is_null(value):
@@ -290,10 +295,19 @@ def _compile_then(reader: BundleReader, node: Node, rule_id: str, revision: str)
             approval = _compile_approval(reader, value)
         elif key == "rate_limit":
             rate_limit = _compile_rate_limit(reader, value)
+        elif key == "judge":
+            judge, judge_node = _compile_judge(reader, value), key_node
         else:
             budget = _compile_budget(reader, value)
-    if verdict is None:
+    if not word:
         return None
+    if word == "judge":
+        judge = judge or JudgeSpec()
+        verdict = Verdict(judge.fallback)  # until the judge answers (kernel.domain.judge)
+    elif judge is not None:
+        reader.fail(judge_node, f'then.judge is only allowed with decision "judge", not "{word}"')
+    else:
+        verdict = Verdict(word)
     return Decision(
         verdict,
         rule_id,
@@ -303,7 +317,34 @@ def _compile_then(reader: BundleReader, node: Node, rule_id: str, revision: str)
         budget=budget,
         policy_kind=PolicyKind.YAML,
         policy_revision=revision,
+        judge=judge,
     )
+
+
+def _compile_judge(reader: BundleReader, node: Node) -> JudgeSpec:
+    instructions, threshold, fallback = "", DEFAULT_THRESHOLD, ""
+    for key, _, value in reader.mapping(node, _JUDGE_KEYS, "then.judge"):
+        where = f"then.judge.{key}"
+        if key == "instructions":
+            instructions = reader.text(value, where)
+        elif key == "fallback":
+            fallback = reader.word(value, where, _FALLBACKS)
+        elif not reader.is_null(value):
+            threshold = _probability(reader, value, where)
+    return JudgeSpec(instructions=instructions, threshold=threshold or DEFAULT_THRESHOLD,
+                     fallback=fallback or "require_approval")
+
+
+def _probability(reader: BundleReader, node: Node, where: str) -> float:
+    if not isinstance(node, ScalarNode) or node.tag not in (INT, FLOAT):
+        reader.fail(node, f"{where} must be a number between 0 and 1")
+    try:
+        value = float(node.value.replace("_", ""))
+    except ValueError:
+        reader.fail(node, f'{where} must be a number between 0 and 1, got "{node.value}"')
+    if not 0.0 <= value <= 1.0:
+        reader.fail(node, f"{where} must be between 0 and 1, got {node.value}")
+    return value
 
 
 def _compile_approval(reader: BundleReader, node: Node) -> ApprovalConfig:

@@ -166,13 +166,9 @@ def test_explicit_entrypoint_in_subpackage_is_found(engine: RegoEngine) -> None:
     compile_rego_bundle(b, engine=engine)
 
 
-def test_judge_decision_is_rejected(engine: RegoEngine) -> None:
-    b = bundle_of('decision := {"decision": "judge", "rule_id": "j"}\n')
-    with pytest.raises(ValidationError) as info:
-        compile_rego_bundle(b, engine=engine)
-    assert 'shell/policy.rego:4:26: decision "judge" is not supported by Regent' in problems_of(
-        info
-    )
+def test_judge_decision_loads(engine: RegoEngine) -> None:
+    b = bundle_of('decision := {"decision": "judge", "rule_id": "j", "judge": {"fallback": "deny"}}\n')
+    compile_rego_bundle(b, engine=engine)
 
 
 def test_bundle_that_crashes_the_compiler_is_rejected_readably(engine: RegoEngine) -> None:

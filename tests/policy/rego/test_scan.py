@@ -59,13 +59,9 @@ def test_scan_columns_are_byte_columns() -> None:
     assert (call.line, call.col) == (2, 14)
 
 
-def test_scan_finds_whole_input_with_and_judge() -> None:
-    scan = scan_module(
-        'package p\nt if { d with input as {"c": 1} }\nu if { d with input.c as 1 }\n'
-        'decision := {"decision": "judge", "rule_id": "j"}\n'
-    )
+def test_scan_finds_whole_input_with() -> None:
+    scan = scan_module('package p\nt if { d with input as {"c": 1} }\nu if { d with input.c as 1 }\n')
     assert scan.whole_input_with == ((2, 10),)
-    assert scan.judge == ((4, 26),)
 
 
 def test_scan_ref_heads() -> None:

@@ -1,0 +1,72 @@
+"""Where judges come from: REGENT_JUDGE_PROVIDER, the manifest's deployment-wide and per-agent
+`judge_provider`, and `regent policy eval --judge`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kernel.bootstrap import build_judge
+from kernel.cli import main as cli_main
+from kernel.config import Settings
+from kernel.core.ports import NoJudge
+from kernel.errors import ConfigError
+from kernel.judge import HttpJudge
+from kernel.manifest import load_manifest
+from tests.judge.conftest import PROVIDER
+
+ENV = {"JUDGE_URL": "http://127.0.0.1:9", "JUDGE_TEST_KEY": "k"}
+
+
+def _manifest(tmp_path: Path, top: str = "", agent: str = "") -> Path:
+    shutil.copy(PROVIDER, tmp_path / "judge.yaml")
+    (tmp_path / "other.yaml").write_text(PROVIDER.read_text().replace("/judge", "/other"))
+    p = tmp_path / "regent.yaml"
+    p.write_text(f"{top}agents:\n  - id: mail\n    webhook_url: http://127.0.0.1:1/w\n    secret: s\n{agent}"
+                 "  - id: plain\n    webhook_url: http://127.0.0.1:2/w\n    secret: s\n")
+    return p
+
+
+def test_no_provider_anywhere_is_no_judge(tmp_path: Path) -> None:
+    m = load_manifest(_manifest(tmp_path), {})
+    assert isinstance(build_judge(Settings(), m, ENV), NoJudge)
+
+
+def test_manifest_names_a_deployment_judge_and_a_per_agent_one(tmp_path: Path) -> None:
+    m = load_manifest(_manifest(tmp_path, top="judge_provider: judge.yaml\n",
+                                agent="    judge_provider: other.yaml\n"), {})
+    judge = build_judge(Settings(), m, ENV)
+    assert isinstance(judge, HttpJudge)
+    assert judge.provider_for("mail").url == "http://127.0.0.1:9/other"  # type: ignore[union-attr]
+    assert judge.provider_for("plain").url == "http://127.0.0.1:9/judge"  # type: ignore[union-attr]
+
+
+def test_setting_wins_over_the_manifest_default(tmp_path: Path) -> None:
+    m = load_manifest(_manifest(tmp_path, top="judge_provider: judge.yaml\n"), {})
+    judge = build_judge(Settings(judge_provider=str(tmp_path / "other.yaml")), m, ENV)
+    assert judge.provider_for("plain").url == "http://127.0.0.1:9/other"  # type: ignore[union-attr]
+
+
+def test_missing_provider_file_names_the_manifest_line(tmp_path: Path) -> None:
+    p = _manifest(tmp_path, agent="    judge_provider: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match=r"regent\.yaml:5: agent 'mail': judge_provider 'nowhere.yaml' not found"):
+        load_manifest(p, {})
+
+
+def test_broken_provider_file_fails_start_up(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("url: http://x\nbody: '{{range .X}}'\nprobabilities: p\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: body: unsupported"):
+        build_judge(Settings(judge_provider=str(bad)), None, {})
+
+
+def test_policy_eval_takes_judge_probabilities(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    b = tmp_path / "b.yaml"
+    b.write_text("rules:\n  - id: ask\n    when: {target: send_email}\n    then: {decision: judge}\n")
+    assert cli_main(["policy", "eval", str(b), "--target", "send_email", "--judge", '{"allow": 0.8}']) == 0
+    assert "allow  ask  judge: allow 0.80" in capsys.readouterr().out
+    assert cli_main(["policy", "eval", str(b), "--target", "send_email"]) == 0
+    assert "deny  ask  judge not configured" in capsys.readouterr().out
+    assert cli_main(["policy", "eval", str(b), "--target", "send_email", "--judge", '{"allow": 3}']) == 1
