@@ -123,8 +123,8 @@ def test_open_circuit_answers_without_calling(judge_server: JudgeServer) -> None
 
 
 def test_concurrency_limit_queues_calls_within_the_timeout(judge_server: JudgeServer) -> None:
-    judge_server.set(delay=0.4)
-    judge = make_judge(judge_server.url, concurrency=1, timeout_seconds=0.6)
+    judge_server.set(delay=1.0)
+    judge = make_judge(judge_server.url, concurrency=1, timeout_seconds=1.7)
     inp = PolicyInput(agent_id="a", kind="tool_call", target="t", args={})
 
     async def run() -> list[JudgeAnswer]:
@@ -136,7 +136,7 @@ def test_concurrency_limit_queues_calls_within_the_timeout(judge_server: JudgeSe
     first, second = asyncio.run(run())
     # One call at a time: the second waits for the first, then runs past its own timeout.
     assert first.probabilities == {"allow": 0.9}
-    assert second.error == "timeout after 0.6s"
+    assert second.error == "timeout after 1.7s"
 
 
 def test_yaml_judge_rule_defaults() -> None:
