@@ -4,7 +4,7 @@ concrete classes."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,7 +115,18 @@ def build_judge(settings: Settings, manifest: Manifest | None, env: Mapping[str,
                          breaker_failures=settings.judge_breaker_failures,
                          breaker_reset_seconds=settings.judge_breaker_reset)
     default = load_provider(default_path, env) if default_path else None
-    return HttpJudge(default, per_agent, limits)
+    return HttpJudge(default, per_agent, limits, mask=_args_mask(settings.decision_log_mask))
+
+
+def _args_mask(rules_text: str | None) -> Callable[[Any], Any] | None:
+    """The decision-log mask rules that fall under `/args`, applied to what a judge is sent, so a
+    field masked out of decision logs never reaches a model either."""
+    from kernel.decisionlog.mask import apply_masks, parse_mask_rules
+
+    rules = tuple(r for r in parse_mask_rules(rules_text) if r.path[:1] == ("args",))
+    if not rules:
+        return None
+    return lambda args: apply_masks({"input": {"args": args}}, rules)["input"].get("args")
 
 
 def judge_hooks(judge: Any) -> list[Any]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -12,10 +13,11 @@ from kernel.bootstrap import build_judge
 from kernel.cli import main as cli_main
 from kernel.config import Settings
 from kernel.core.ports import NoJudge
+from kernel.domain import JudgeAnswer, JudgeSpec, PolicyInput
 from kernel.errors import ConfigError
 from kernel.judge import HttpJudge
 from kernel.manifest import load_manifest
-from tests.judge.conftest import PROVIDER
+from tests.judge.conftest import PROVIDER, JudgeServer
 
 ENV = {"JUDGE_URL": "http://127.0.0.1:9", "JUDGE_TEST_KEY": "k"}
 
@@ -70,3 +72,24 @@ def test_policy_eval_takes_judge_probabilities(tmp_path: Path, capsys: pytest.Ca
     assert cli_main(["policy", "eval", str(b), "--target", "send_email"]) == 0
     assert "deny  ask  judge not configured" in capsys.readouterr().out
     assert cli_main(["policy", "eval", str(b), "--target", "send_email", "--judge", '{"allow": 3}']) == 1
+
+
+def test_decision_log_masks_apply_to_what_the_judge_is_sent(judge_server: JudgeServer, tmp_path: Path) -> None:
+    judge_server.set()
+    provider = tmp_path / "judge.yaml"
+    provider.write_text(PROVIDER.read_text())
+    settings = Settings(judge_provider=str(provider), decision_log_mask="/args/password,/execution/input")
+    judge = build_judge(settings, None, {"JUDGE_URL": judge_server.url, "JUDGE_TEST_KEY": "k"})
+    inp = PolicyInput(agent_id="a", kind="tool_call", target="login", args={"user": "ada", "password": "hunter2"})
+
+    async def ask() -> JudgeAnswer:
+        try:
+            return await judge.ask(JudgeSpec(), inp)  # type: ignore[no-any-return]
+        finally:
+            await judge.aclose()
+
+    answer = asyncio.run(ask())
+    assert answer.request is not None and answer.request["tool_call"]["arguments"] == {"user": "ada"}
+    [seen] = judge_server.received()
+    assert "hunter2" not in seen["body"] and '"user":"ada"' in seen["body"]
+    assert inp.args["password"] == "hunter2"  # the step's own args are untouched
