@@ -22,7 +22,7 @@ from kernel.core.kernel import Kernel
 
 TIMELINE_STEPS = 1000
 DECISIONS = 100_000
-SCOPES = ["executions:read", "approvals:read", "policies:write"]
+SCOPES = ["executions:read", "approvals:read", "policies:write", "decisions:read"]
 
 
 @dataclass
@@ -108,6 +108,10 @@ def _run(target: Target, fx: ConsoleFixture, p: Profile, round_index: int) -> li
              f"/console/audit?target=bench.tool3&from={since}", console, "bench.tool3"),
             (f"API: decisions, {fx.decisions // 1000}k", "GET", "/v0/decisions?decision=denied&limit=50", api,
              "bench.tool"),
+            (f"console: decisions chart (24 h, all {fx.decisions // 1000}k)", "svg", "/console/audit/chart.svg",
+             console, "<rect"),
+            (f"console: decisions chart (24 h, denied of {fx.decisions // 1000}k)", "svg",
+             "/console/audit/chart.svg?decision=denied", console, "<rect"),
         ]
     try:
         r = console.post("/console/sign-in", data={"token": fx.token, "next": "/console/executions"})

@@ -98,7 +98,7 @@ def kernel_of(request: Request) -> Kernel:
 def _principal(request: Request, s: Session) -> tuple[Principal, str] | None:
     c = console_of(request)
     if s.who == ANONYMOUS:
-        return (Principal(admin=True), "dev (anonymous admin)") if c.dev else None
+        return (Principal(admin=True, dev=True), "dev (anonymous admin)") if c.dev else None
     if s.who == BOOTSTRAP:
         token = c.bearer_token
         if token is None or not s.fingerprint or s.fingerprint != c.sessions.fingerprint(token):
@@ -118,7 +118,7 @@ async def viewer(request: Request) -> Viewer:
             raise SignInRequired()
         s = sessions.issue(ANONYMOUS)
         request.state.new_session = s
-        found = (Principal(admin=True), "dev (anonymous admin)")
+        found = (Principal(admin=True, dev=True), "dev (anonymous admin)")
     principal, label = found
     return Viewer(principal, label, sessions.csrf(s), signed_in=s.who != ANONYMOUS)
 
@@ -155,6 +155,7 @@ def nav(v: Viewer) -> list[tuple[str, str, str]]:
     items = [
         ("/console/executions", "Executions", "executions", ("executions:read",)),
         ("/console/approvals", "Approvals", "approvals", ("approvals:read",)),
+        ("/console/audit", "Decisions", "audit", ("decisions:read",)),
         ("/console/policies", "Policies", "policies", ("policies:write",)),
         ("/console/playground", "Playground", "playground", ("policies:write",)),
     ]

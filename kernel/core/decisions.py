@@ -113,6 +113,32 @@ def list_decisions(k: Kernel, q: DecisionQuery) -> DecisionPage:
     return DecisionPage(rows, encode_cursor(rows[-1]) if more and rows else None)
 
 
+@dataclass(frozen=True, slots=True)
+class DecisionCounts:
+    """Decisions per outcome in equal time buckets, oldest first: the audit chart."""
+
+    since: datetime
+    width: timedelta
+    buckets: list[dict[str, int]]  # outcome → count
+
+
+def count_decisions(k: Kernel, q: DecisionQuery, since: datetime, until: datetime, buckets: int) -> DecisionCounts:
+    """The records matching `q`'s filters (not its own time range or cursor) decided in
+    [since, until), counted by outcome in `buckets` (1-200) equal slices, in one grouped query."""
+    if until <= since:
+        raise ValidationError("validation error: the time range is empty (from must be before to)")
+    n = max(1, min(buckets, 200))
+    width = (until - since) / n
+    filters = {name: value for name in ("agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id")
+               if (value := getattr(q, name)) is not None}
+    with k.store.read() as tx:
+        rows = tx.count_decisions(filters, [since + i * width for i in range(n)] + [until])
+    out: list[dict[str, int]] = [{} for _ in range(n)]
+    for bucket, decision, count in rows:
+        out[int(bucket)][str(decision)] = int(count)
+    return DecisionCounts(since, width, out)
+
+
 def decision_json(r: DecisionRecord) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": r.id,

@@ -34,7 +34,9 @@ def inbox(k: Kernel, resolved_limit: int = 50) -> Inbox:
         items: list[list[InboxItem]] = [[], []]
         for i, rows in enumerate((shown, resolved)):
             for a in rows:
-                if a.execution_id not in agents:
+                if a.agent_id:
+                    agents[a.execution_id] = a.agent_id
+                elif a.execution_id not in agents:  # an approval asked before it recorded its agent
                     e = tx.get_execution(a.execution_id)
                     agents[a.execution_id] = e.agent_id if e is not None else ""
                 items[i].append(InboxItem(a, agents[a.execution_id], tx.get_step(a.step_id)))

@@ -15,4 +15,4 @@ def key_principal(k: Kernel, key_id: str) -> Principal | None:
         row = tx.get_api_key(key_id)
     if row is None or row.revoked_at is not None:
         return None
-    return Principal(name=row.name, scopes=frozenset(json.loads(row.scopes)))
+    return Principal(name=row.name, scopes=frozenset(json.loads(row.scopes)), key_id=row.id)

@@ -3,6 +3,9 @@ timelines (live while running), escaping, CSRF, the policies page and the playgr
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -224,3 +227,32 @@ def test_a_long_value_is_collapsed_and_opens_to_the_whole_of_it(ck: ConsoleKerne
     assert not pre.is_visible()  # collapsed behind its first characters
     row.locator("details summary").first.click()
     assert pre.is_visible() and text.strip() in pre.inner_text()
+
+
+def test_a_denied_step_is_found_by_the_audit_search_and_is_in_both_exports(ck: ConsoleKernel, page: Any) -> None:
+    eid = ck.run("ops", [LS, DELETE], "completed")
+    page.goto(f"{ck.url}/console/audit")
+    page.select_option("select[name=decision]", "denied")
+    page.fill("input[name=target]", "fs_delete")
+    page.click("#audit-search button[type=submit]")
+    page.wait_for_url(re.compile(r"decision=denied"))
+    rows = page.locator("tr.decision-row", has=page.locator(f"a[href='/console/executions/{eid}']"))
+    assert rows.count() == 1
+    assert rows.first.locator(".rule-id").inner_text() == "default"
+    assert {t for t in page.locator("tr.decision-row .target").all_inner_texts()} == {"fs_delete"}
+    fetch = """async (href) => { const r = await fetch(href); return [r.status, r.headers.get("content-type"), await r.text()]; }"""
+    page.wait_for_function("document.getElementById('chart-image').complete")
+    assert page.evaluate("document.getElementById('chart-image').naturalWidth") > 0  # the SVG drew
+    status, ctype, svg = page.evaluate(fetch, page.locator("#chart-image").get_attribute("src"))
+    assert status == 200 and ctype.startswith("image/svg+xml")
+    assert 'fill="#d92d20"' in svg and " denied</title>" in svg  # the denied bar, drawn on the server
+    shot(page, "audit")
+    status, ctype, body = page.evaluate(fetch, page.locator("#export-jsonl").get_attribute("href"))
+    assert status == 200 and ctype.startswith("application/x-ndjson")
+    exported = [json.loads(line) for line in body.splitlines()]
+    assert any(r["execution_id"] == eid and r["decision"] == "denied" and r["rule_id"] == "default" for r in exported)
+    assert {r["target"] for r in exported} == {"fs_delete"}
+    status, ctype, body = page.evaluate(fetch, page.locator("#export-csv").get_attribute("href"))
+    assert status == 200 and ctype.startswith("text/csv")
+    table = list(csv.DictReader(io.StringIO(body)))
+    assert any(r["execution_id"] == eid and r["decision"] == "denied" for r in table)

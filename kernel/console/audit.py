@@ -1,0 +1,207 @@
+"""The decisions audit: search the durable decision record (agent, decision, rule, target, bundle,
+time range), a chart of decisions over time by outcome drawn on the server as SVG, and the
+filtered set exported as JSON lines or CSV, streamed page by page."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from kernel.api.threads import call
+from kernel.console.web import (
+    SECURITY_HEADERS,
+    ConsoleRoute,
+    finish,
+    kernel_of,
+    page,
+    require,
+    templates,
+    viewer,
+)
+from kernel.core import agents, decisions
+from kernel.domain import DecisionOutcome
+from kernel.errors import ValidationError
+
+router = APIRouter(route_class=ConsoleRoute)
+SCOPE = "decisions:read"
+PAGE_SIZE = 50
+BUCKETS = 24
+EXPORT_MAX_ROWS = 1_000_000  # one export's bound; narrow the filters for more
+# The shortcuts the decision filter offers besides the outcomes: kernel rule ids an auditor looks for.
+RULE_SHORTCUTS = {"eval-error": "eval-error", "bundle-error": "bundle-error"}
+CSV_COLUMNS = ("decided_at", "agent_id", "execution_id", "step_id", "kind", "target", "decision", "rule_id",
+               "reason", "policy_kind", "policy_revision", "policy_hash", "decided_by", "credential", "event_seq")
+COLOURS = {"allowed": "#32a852", "denied": "#d92d20", "awaiting_approval": "#f79009", "rate_limited": "#7a5af8"}
+
+
+def _time(value: str | None, name: str) -> datetime | None:
+    if not value:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValidationError(f"validation error: {name} {value!r} is not a date and time") from None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t
+
+
+def query_of(request: Request, limit: int = PAGE_SIZE, cursor: bool = True) -> tuple[decisions.DecisionQuery, dict[str, str]]:
+    """The search form's fields → the core's query (and the fields as given, to refill the form)."""
+    q = request.query_params
+    fields = {key: q.get(key, "").strip() for key in ("agent_id", "decision", "rule_id", "target", "policy_hash",
+                                                        "execution_id", "from", "to")}
+    for key, value in fields.items():
+        if len(value) > 1024:
+            raise ValidationError(f"validation error: {key} is too long")
+    decision, rule = fields["decision"] or None, fields["rule_id"] or None
+    if fields["decision"] in RULE_SHORTCUTS:
+        decision, rule = None, RULE_SHORTCUTS[fields["decision"]]
+    query = decisions.DecisionQuery(
+        agent_id=fields["agent_id"] or None, decision=decision, rule_id=rule, target=fields["target"] or None,
+        policy_hash=fields["policy_hash"] or None, execution_id=fields["execution_id"] or None,
+        since=_time(fields["from"], "from"), until=_time(fields["to"], "to"),
+        cursor=(q.get("cursor") or None) if cursor else None, limit=limit,
+    )
+    return query, fields
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    x: float
+    y: float
+    height: float
+    colour: str
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    width: int
+    height: int
+    bar_width: float
+    bars: list[Bar]
+    ticks: list[tuple[float, str]]  # x, label
+    max_count: int
+    total: int
+    span: str
+
+
+def chart(counts: decisions.DecisionCounts) -> Chart:
+    """Stacked bars, one per time bucket, one colour per outcome (numbers only: nothing a visitor
+    typed reaches the SVG except through the escaped title text)."""
+    width, height, left, bottom = 960, 180, 40, 22
+    n = len(counts.buckets)
+    per = [sum(b.values()) for b in counts.buckets]
+    top = max(per, default=0) or 1
+    slot = (width - left) / max(n, 1)
+    bars: list[Bar] = []
+    for i, bucket in enumerate(counts.buckets):
+        y = float(height - bottom)
+        start = counts.since + i * counts.width
+        for outcome in sorted(bucket, key=lambda o: list(COLOURS).index(o) if o in COLOURS else 99):
+            h = (height - bottom - 8) * bucket[outcome] / top
+            y -= h
+            bars.append(Bar(left + i * slot + 1, y, h, COLOURS.get(outcome, "#98a2b3"),
+                            f"{start:%Y-%m-%d %H:%M} UTC: {bucket[outcome]} {outcome}"))
+    ticks = [(left + i * slot, f"{counts.since + i * counts.width:%m-%d %H:%M}") for i in range(0, n, max(n // 6, 1))]
+    span = f"{counts.since:%Y-%m-%d %H:%M} – {counts.since + n * counts.width:%Y-%m-%d %H:%M} UTC"
+    return Chart(width, height, max(slot - 2, 1), bars, ticks, top, sum(per), span)
+
+
+@router.get("/console/audit")
+async def audit_page(request: Request) -> Response:
+    v = await viewer(request)
+    require(v, SCOPE)
+    query, fields = query_of(request)
+    k = kernel_of(request)
+    result = await call(decisions.list_decisions, k, query)
+    known = await call(agents.list_agents, k)
+    export = urlencode({key: value for key, value in fields.items() if value})
+    return page(request, v, "audit.html", section="audit", result=result, fields=fields,
+                agents=[a.id for a in known], outcomes=[o.value for o in DecisionOutcome],
+                shortcuts=list(RULE_SHORTCUTS), export=export, colours=COLOURS)
+
+
+@router.get("/console/audit/chart.svg")
+async def chart_svg(request: Request) -> Response:
+    """The chart, drawn on the server. A separate request (the page's <img>), because counting a
+    large range takes one pass over it while the search itself reads one index page."""
+    v = await viewer(request)
+    require(v, SCOPE)
+    query, _ = query_of(request, cursor=False)
+    k = kernel_of(request)
+    until = query.until or k.clock.now()
+    since = query.since or until - timedelta(hours=24)
+    counts = await call(decisions.count_decisions, k, query, since, until, BUCKETS)
+    svg = templates.get_template("_chart.svg").render(chart=chart(counts))
+    return finish(request, Response(svg, media_type="image/svg+xml"))
+
+
+async def _rows(request: Request, query: decisions.DecisionQuery) -> AsyncIterator[dict[str, Any]]:
+    k = kernel_of(request)
+    sent = 0
+    q = query
+    while sent < EXPORT_MAX_ROWS:
+        result = await call(decisions.list_decisions, k, q)
+        for r in result.decisions:
+            yield decisions.decision_json(r)
+        sent += len(result.decisions)
+        if not result.next_cursor:
+            return
+        q = decisions.DecisionQuery(**{**_fields(q), "cursor": result.next_cursor})
+
+
+def _fields(q: decisions.DecisionQuery) -> dict[str, Any]:
+    return {name: getattr(q, name) for name in q.__dataclass_fields__}
+
+
+def _export_headers(name: str) -> dict[str, str]:
+    return {**SECURITY_HEADERS, "Content-Disposition": f'attachment; filename="{name}"'}
+
+
+@router.get("/console/audit/export.jsonl")
+async def export_jsonl(request: Request) -> Response:
+    v = await viewer(request)
+    require(v, SCOPE)
+    query, _ = query_of(request, limit=decisions.MAX_PAGE, cursor=False)
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for row in _rows(request, query):
+            yield (json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson", headers=_export_headers("decisions.jsonl"))
+
+
+def _csv_cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    # A cell a spreadsheet would run as a formula is quoted as text (CSV injection).
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+@router.get("/console/audit/export.csv")
+async def export_csv(request: Request) -> Response:
+    v = await viewer(request)
+    require(v, SCOPE)
+    query, _ = query_of(request, limit=decisions.MAX_PAGE, cursor=False)
+
+    async def lines() -> AsyncIterator[bytes]:
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(CSV_COLUMNS)
+        async for row in _rows(request, query):
+            w.writerow([_csv_cell(row.get(c)) for c in CSV_COLUMNS])
+            if buf.tell() > 64 * 1024:
+                yield buf.getvalue().encode()
+                buf.seek(0)
+                buf.truncate()
+        yield buf.getvalue().encode()
+
+    return StreamingResponse(lines(), media_type="text/csv; charset=utf-8", headers=_export_headers("decisions.csv"))
