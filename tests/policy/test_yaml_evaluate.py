@@ -512,3 +512,29 @@ def test_rule_ids_in_file_order() -> None:
         "shell-again",
         "catch-all",
     )
+
+
+def test_indexed_evaluation_agrees_with_a_scan_in_file_order() -> None:
+    # The literal-target and glob-prefix indexes must pick exactly the first match in file order:
+    # explain() scans every rule, so it is the oracle. Bundles drawn from a fixed seed.
+    import random
+
+    rng = random.Random(20261204)
+    globs = ["tool_1", "tool_1*", "tool_*", "tool_1?", "to*_1", "*_1", "*", "t[a-z]ol_*", "tool_\\*x",
+             "mcp/*", "mcp/fs_*", "m?p/*", "x", ""]
+    targets = ["tool_1", "tool_12", "tool_2", "to_1", "tool_*x", "mcp/fs_read", "mcp/x", "map/x", "x", "tol_1", "t"]
+    for _ in range(200):
+        lines = ["default_action: deny", "rules:"]
+        for i in range(rng.randint(1, 8)):
+            if rng.random() < 0.3:
+                picks = rng.sample(globs[:-1], rng.randint(1, 3))
+                when = "{targets: [" + ", ".join(f"'{g}'" for g in picks) + "]}"
+            else:
+                g = rng.choice(globs)
+                when = f"{{target: '{g}'}}" if g else "{step_kind: tool_call}"
+            lines.append(f"  - id: r{i}\n    when: {when}\n    then: {{decision: allow}}")
+        bundle = _bundle("\n".join(lines) + "\n")
+        for target in targets:
+            step = _step(target)
+            selected = [t.rule_id for t in bundle.explain(step) if t.selected]
+            assert [bundle.evaluate(step).rule_id] == (selected or ["default"]), (lines, target)

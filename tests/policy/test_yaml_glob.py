@@ -132,3 +132,14 @@ def test_glob_with_class_matches_target_with_lone_surrogate() -> None:
     # Go's JSON decoder turns a lone surrogate escape into U+FFFD before policy sees it.
     assert compile_glob("a?").match("a\ud800") is True
     assert compile_glob("a[\ufffd]").match("a\ud800") is True
+
+
+@pytest.mark.parametrize(
+    ("pattern", "prefix"),
+    [("tool_9*", "tool_9"), ("mcp/fs_?", "mcp/fs_"), ("a[bc]d", "a"), ("\\*x*", "*x"), ("*x", ""),
+     ("?x", ""), ("[a]x", ""), ("plain", "plain"), ("*", "")],
+    ids=["star", "any", "class", "escaped-star", "leading-star", "leading-any", "leading-class",
+         "literal", "universal"],
+)
+def test_glob_prefix_is_the_literal_run_every_match_starts_with(pattern: str, prefix: str) -> None:
+    assert compile_glob(pattern).prefix == prefix

@@ -1,8 +1,9 @@
 """A compiled YAML bundle: first match in file order, then the fall-through table (§3.2, §3.5).
 
 Evaluation is pure and does no I/O. Rules whose target conditions are plain strings are indexed
-by target, so a step only visits the rules that could match it; the winner is still the first
-match in file order (the earliest indexed match bounds the scan of the unindexed rules).
+by target, and glob rules by the literal prefix of their globs (`tool_9*` under `tool_9`), so a
+step only visits the rules that could match it; the winner is still the first match in file order
+(each group is in file order, and the earliest match found so far bounds the scan of the next).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class YamlBundle:
 
     kind = PolicyKind.YAML
     __slots__ = (
+        "_by_prefix",
         "_by_target",
         "_default",
         "_local",
@@ -61,15 +63,24 @@ class YamlBundle:
             policy_revision=revision,
         )
         by_target: dict[str, list[Rule]] = {}
+        by_prefix: dict[int, dict[str, list[Rule]]] = {}
         unindexed: list[Rule] = []
         for rule in rules:
             literals = rule.literal_targets
-            if literals is None:
-                unindexed.append(rule)
-            else:
+            prefixes = rule.target_prefixes if literals is None else None
+            if literals is not None:
                 for literal in literals:
                     by_target.setdefault(literal, []).append(rule)
+            elif prefixes is not None:
+                for prefix in prefixes:
+                    by_prefix.setdefault(len(prefix), {}).setdefault(prefix, []).append(rule)
+            else:
+                unindexed.append(rule)
         self._by_target = {target: tuple(group) for target, group in by_target.items()}
+        self._by_prefix = tuple(
+            (length, {prefix: tuple(group) for prefix, group in table.items()})
+            for length, table in sorted(by_prefix.items())
+        )
         self._unindexed = tuple(unindexed)
 
     @property
@@ -80,12 +91,22 @@ class YamlBundle:
         """The decision for one step. Never raises for a deny; a plain deny leaves ``reason``
         empty so the kernel can fill in ``policy_denied``."""
         winner = None
-        indexed = self._by_target.get(inp.target)
+        target = inp.target
+        indexed = self._by_target.get(target)
         if indexed:
             winner = _first_match(indexed, inp, _NO_LIMIT)
-        found = _first_match(self._unindexed, inp, winner.index if winner else _NO_LIMIT)
-        if found is not None:
-            winner = found
+        for length, table in self._by_prefix:
+            if length > len(target):
+                break
+            group = table.get(target[:length])
+            if group:
+                found = _first_match(group, inp, winner.index if winner else _NO_LIMIT)
+                if found is not None:
+                    winner = found
+        if self._unindexed:
+            found = _first_match(self._unindexed, inp, winner.index if winner else _NO_LIMIT)
+            if found is not None:
+                winner = found
         if winner is not None:
             return winner.decision
         if inp.kind == "local":

@@ -37,12 +37,14 @@ _Token = object | str | _Class  # _STAR, _ANY, one literal code point, or a clas
 @dataclass(frozen=True, slots=True, eq=False)
 class Glob:
     """A compiled glob. ``literal`` is set when the pattern is plain equality (after unescaping);
-    ``universal`` when it is made only of stars (matches every string)."""
+    ``universal`` when it is made only of stars (matches every string). ``prefix`` is the literal
+    run every match starts with ("" when the pattern starts with a wildcard or a class)."""
 
     pattern: str
     literal: str | None
     universal: bool
     match: Callable[[str], bool]
+    prefix: str = ""
 
 
 def compile_glob(pattern: str) -> Glob:
@@ -50,12 +52,22 @@ def compile_glob(pattern: str) -> Glob:
     tokens = _parse(pattern)
     if all(isinstance(t, str) for t in tokens):
         literal = "".join(tokens)  # type: ignore[arg-type]
-        return Glob(pattern, literal, False, partial(operator.eq, literal))
+        return Glob(pattern, literal, False, partial(operator.eq, literal), literal)
     if all(t is _STAR for t in tokens):
         return Glob(pattern, None, True, _always)
+    prefix = "".join(_literal_run(tokens))
     if all(t is _STAR or isinstance(t, str) for t in tokens):
-        return Glob(pattern, None, False, _star_matcher(tokens))
-    return Glob(pattern, None, False, _re2_matcher(tokens))
+        return Glob(pattern, None, False, _star_matcher(tokens), prefix)
+    return Glob(pattern, None, False, _re2_matcher(tokens), prefix)
+
+
+def _literal_run(tokens: list[_Token]) -> list[str]:
+    run: list[str] = []
+    for t in tokens:
+        if not isinstance(t, str):
+            break
+        run.append(t)
+    return run
 
 
 def _always(_: str) -> bool:

@@ -72,6 +72,15 @@ class Rule:
             return frozenset(g.literal for g in self.targets if g.literal is not None)
         return None
 
+    @property
+    def target_prefixes(self) -> tuple[str, ...] | None:
+        """Literal prefixes one of which every target this rule matches starts with (to index
+        glob rules by prefix); None when some matching target may start with anything."""
+        globs = (self.target,) if self.target is not None else self.targets
+        if not globs or any(not g.prefix for g in globs):
+            return None
+        return tuple(dict.fromkeys(g.prefix for g in globs))
+
     def args_match(self, args: dict[str, Any]) -> bool:
         """The `arguments` predicates against args already known to be decodable (a dict)."""
         for predicate in self.predicates:
