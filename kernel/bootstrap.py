@@ -90,6 +90,29 @@ def decision_log_hooks(decision_log: Any) -> list[Any]:
     return [hook]
 
 
+def bundle_hooks(kernel: Kernel, sources: list[Any]) -> list[Any]:
+    """The bundle puller polls while the app serves; /v0/ready and /metrics show its state."""
+    if not sources:
+        return []
+
+    async def hook(app: FastAPI) -> Any:
+        import anyio
+
+        from kernel.bundle_puller import BundlePuller, BundlePullerCollector
+
+        puller = await anyio.to_thread.run_sync(BundlePuller, kernel, sources)
+        app.state.bundle_puller = puller
+        app.state.metrics_registry.register(BundlePullerCollector(puller))
+        puller.start()
+
+        async def stop() -> None:
+            await anyio.to_thread.run_sync(puller.close)
+
+        return stop
+
+    return [hook]
+
+
 def stream_hooks(settings: Settings, store: SqlStore) -> list[Any]:
     """The stream side channel's broker: LISTEN/NOTIFY on PostgreSQL (replicas share deltas);
     on SQLite the routes make an in-process broker on first use (one kernel per file)."""
@@ -156,6 +179,9 @@ def build_runtime(settings: Settings) -> Runtime:
     from kernel.decisionlog import build_decision_log
 
     decision_log = build_decision_log(settings)  # a bad mask rule fails here too
+    from kernel.bundle_puller import bundle_sources
+
+    pulled = bundle_sources(settings, manifest)  # a bad bundle source too
     from kernel.ratelimit import LimitsLimiter
 
     judge = build_judge(settings, manifest, os.environ)  # a bad provider file fails before the store opens
@@ -193,7 +219,7 @@ def build_runtime(settings: Settings) -> Runtime:
                              if settings.console_session_key else None),
         console_session_ttl_seconds=settings.console_session_ttl,
         lifespan_hooks=stream_hooks(settings, store) + background_hooks(settings, kernel)
-        + decision_log_hooks(decision_log) + judge_hooks(judge),
+        + decision_log_hooks(decision_log) + judge_hooks(judge) + bundle_hooks(kernel, pulled),
     )
     if decision_log is not None:
         from kernel.decisionlog import DecisionLogCollector

@@ -153,6 +153,7 @@ class Settings(BaseSettings):
 
     # Bundles pulled from a bundle server (docs/policy-rollout.md)
     bundle_server_url: str | None = None
+    bundle_agents: str | None = None
     bundle_server_token: SecretStr | None = None
     bundle_min_delay: float = 60.0
     bundle_max_delay: float = 120.0

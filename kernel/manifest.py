@@ -23,7 +23,11 @@ from kernel.errors import ValidationError as FieldError
 
 log = logging.getLogger("kernel.manifest")
 
-_AGENT_KEYS = ("id", "webhook_url", "secret", "lease_timeout_seconds", "policy", "policy_file", "judge_provider")
+_AGENT_KEYS = ("id", "webhook_url", "secret", "lease_timeout_seconds", "policy", "policy_file", "judge_provider",
+               "bundle")
+# `bundle:` pulls the agent's bundle from a bundle server (docs/policy-rollout.md).
+_BUNDLE_KEYS = ("url", "resource", "min_delay_seconds", "max_delay_seconds", "verification_key", "key_id",
+                "algorithm", "scope")
 _REQUIRED = ("id", "webhook_url", "secret")
 # `$VAR`, `${VAR}`, and (a Regent extension) `${VAR:-default}` for an unset or empty VAR.
 _VAR = re.compile(r"\$\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)")
@@ -31,6 +35,20 @@ _LEFTOVER = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*")
 
 PolicySource = Path | str  # a policy_file (resolved against the manifest) or inline bundle text
 PolicyHook = Callable[[str, PolicySource], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestBundle:
+    """Where an agent's bundle is pulled from; unset fields take the REGENT_BUNDLE_* settings."""
+
+    url: str | None = None  # a full URL
+    resource: str | None = None  # a path under REGENT_BUNDLE_SERVER_URL
+    min_delay_seconds: float | None = None
+    max_delay_seconds: float | None = None
+    verification_key: str | None = None  # PEM text or file, or an HMAC secret
+    key_id: str | None = None
+    algorithm: str | None = None
+    scope: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +61,7 @@ class ManifestAgent:
     policy: str | None = None  # inline bundle text
     policy_file: Path | None = None  # absolute path
     judge_provider: Path | None = None  # this agent's judge provider file (docs/judge.md)
+    bundle: ManifestBundle | None = None
 
     @property
     def policy_source(self) -> PolicySource | None:
@@ -181,9 +200,33 @@ class _Parser:
         policy_file = self.policy_path(fields["policy_file"], agent_id) if "policy_file" in fields else None
         judge = (self.file_path(fields["judge_provider"], "judge_provider", f"agent {agent_id!r}")
                  if "judge_provider" in fields else None)
+        bundle = self.bundle(fields["bundle"], agent_id) if "bundle" in fields else None
+        if bundle is not None and (policy is not None or policy_file is not None):
+            raise self.fail(fields["bundle"], f"agent {agent_id!r}: `bundle` and `policy`/`policy_file` are "
+                            "mutually exclusive (the bundle server decides the agent's bundle)")
         return ManifestAgent(id=agent_id, webhook_url=webhook_url, secret=secret, line=node.start_mark.line + 1,
                              lease_timeout_seconds=lease, policy=policy, policy_file=policy_file,
-                             judge_provider=judge)
+                             judge_provider=judge, bundle=bundle)
+
+    def bundle(self, node: Node, agent_id: str) -> ManifestBundle:
+        fields = self.mapping(node, f"agent {agent_id!r} bundle", allowed=_BUNDLE_KEYS)
+        values: dict[str, object] = {}
+        for key, value_node in fields.items():
+            value = self.scalar(value_node, key)
+            if key.endswith("_seconds"):
+                if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                    raise self.fail(value_node, f"agent {agent_id!r}: bundle `{key}` must be a number of seconds")
+                value = float(value)
+            elif not isinstance(value, str) or not value:
+                raise self.fail(value_node, f"agent {agent_id!r}: bundle `{key}` must be a non-empty string")
+            values[key] = value
+        if "url" in values and "resource" in values:
+            raise self.fail(node, f"agent {agent_id!r}: bundle `url` and `resource` are mutually exclusive")
+        if "verification_key" in values:
+            vk = str(values["verification_key"])
+            if "\n" not in vk and not vk.startswith("-----") and (self.base / vk).is_file():
+                values["verification_key"] = str(self.base / vk)  # a key file beside the manifest
+        return ManifestBundle(**values)  # type: ignore[arg-type]
 
     def lease(self, node: Node | None, agent_id: str) -> int | None:
         if node is None:

@@ -26,6 +26,11 @@ async def ready(request: Request) -> Response:
             await call(k.store.ping)
     except Exception:
         return JSONResponse({"status": "unavailable"}, status_code=503)
+    puller = getattr(request.app.state, "bundle_puller", None)
+    if puller is not None:  # bundles pulled from a bundle server (docs/policy-rollout.md)
+        ok, bundles = puller.ready()
+        body = {"status": "ready" if ok else "unavailable", "details": {"bundles": bundles}}
+        return JSONResponse(body, status_code=200 if ok else 503)
     return JSONResponse({"status": "ready"})
 
 

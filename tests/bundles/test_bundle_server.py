@@ -1,0 +1,264 @@
+"""Bundles pulled from a real bundle server process over loopback: polling with ETag /
+If-None-Match, activation through the load gate, and the signature matrix (valid, tampered file,
+wrong key, expired and absent signatures, wrong scope), where every refusal keeps the active
+revision, is logged with its reason, and shows in /metrics and /v0/ready's details."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kernel.api.app import create_app
+from kernel.bundle_puller import BundlePuller, BundlePullerCollector, BundleSource
+from kernel.core.agents import register_agent
+from kernel.core.kernel import Kernel
+from kernel.core.policies import active_policy, list_revisions
+from kernel.policy.resolver import BundleResolver
+from kernel.policy.signature import (
+    SIGNATURES_FILE,
+    VerificationKey,
+    read_bundle_files,
+    sign_bundle_files,
+)
+from kernel.store import SqlStore
+from tests.policy.signing_keys import copy_bundle, keys_for
+from tests.support import ServerThread
+
+AGENT = "payments"
+SERVER = Path(__file__).with_name("server.py")
+
+
+class BundleServer:
+    def __init__(self, root: Path):
+        self.root = root
+        (root / "bundles").mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([sys.executable, str(SERVER), str(root)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15
+        while not (root / "port").exists():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("bundle server did not start")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{(root / 'port').read_text()}"
+
+    def publish(self, bundle_dir: Path, name: str = AGENT) -> None:
+        tmp = self.root / "bundles" / f".{name}.tmp"
+        with tarfile.open(tmp, "w:gz") as tar:
+            for f in sorted(bundle_dir.rglob("*")):
+                if f.is_file():
+                    tar.add(f, arcname="/" + f.relative_to(bundle_dir).as_posix())  # OPA's layout
+        os.replace(tmp, self.root / "bundles" / f"{name}.tar.gz")
+
+    def withdraw(self, name: str = AGENT) -> None:
+        (self.root / "bundles" / f"{name}.tar.gz").unlink()
+
+    def requests(self) -> list[dict[str, Any]]:
+        path = self.root / "requests.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def bundle_server(tmp_path: Path) -> Iterator[BundleServer]:
+    srv = BundleServer(tmp_path / "server")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def pulled(sqlite_store: SqlStore) -> Iterator[Kernel]:
+    k = Kernel(store=sqlite_store, policy=BundleResolver(sqlite_store))
+    register_agent(k, AGENT, "http://127.0.0.1:9/webhook", "s3cret", None, keep_policy=True)
+    yield k
+    k.policy.close()  # type: ignore[attr-defined]
+
+
+def bundle(tmp: Path, revision: str, *, sign: str | None = "RS256", n: int = 0, scope: str | None = "prod",
+           claims: dict[str, Any] | None = None, threshold: int = 1000) -> Path:
+    """The payments Rego bundle at `revision`, signed (or not)."""
+    b = copy_bundle(tmp / revision)
+    manifest = json.loads((b / ".manifest").read_text())
+    manifest["revision"] = revision
+    (b / ".manifest").write_text(json.dumps(manifest))
+    data = json.loads((b / "data.json").read_text())
+    data["payments"]["approval_threshold"] = threshold
+    (b / "data.json").write_text(json.dumps(data))
+    if sign is not None:
+        priv, _ = keys_for(sign, n)
+        text = sign_bundle_files(read_bundle_files(b), priv, algorithm=sign, key_id="release", scope=scope,
+                                 claims=claims)
+        (b / SIGNATURES_FILE).write_text(text)
+    return b
+
+
+def source(srv: BundleServer, *, keys: tuple[VerificationKey, ...] = ()) -> BundleSource:
+    return BundleSource(AGENT, f"{srv.url}/bundles/{AGENT}.tar.gz", token="pull-token", min_delay=0.05,
+                        max_delay=0.1, timeout=5, keys=keys)
+
+
+def release_key() -> VerificationKey:
+    return VerificationKey(keys_for("RS256")[1], "RS256", "release", "prod")
+
+
+def test_polling_with_etag_activates_each_new_bundle_once(
+        pulled: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
+    puller = BundlePuller(pulled, [source(bundle_server)])
+    try:
+        assert puller.ready()[0] is False  # nothing active yet
+        bundle_server.publish(bundle(tmp_path, "r1", sign=None))
+        assert puller.poll(AGENT)
+        assert active_policy(pulled, AGENT).revision == "r1"
+        assert puller.poll(AGENT) and puller.poll(AGENT)
+        reqs = bundle_server.requests()
+        assert [r["status"] for r in reqs] == [200, 304, 304]
+        assert reqs[0]["if_none_match"] is None and reqs[1]["if_none_match"] == reqs[2]["if_none_match"]
+        assert reqs[0]["authorization"] == "Bearer pull-token"
+        assert len(list_revisions(pulled, AGENT)) == 1  # a 304 stores nothing
+        bundle_server.publish(bundle(tmp_path, "r2", sign=None, threshold=50))
+        assert puller.poll(AGENT)
+        assert active_policy(pulled, AGENT).revision == "r2"
+        assert bundle_server.requests()[-1]["status"] == 200
+        assert sorted(r.revision for r in list_revisions(pulled, AGENT)) == ["r1", "r2"]
+        st = puller.status[AGENT]
+        assert st.downloads == {"activated": 2, "not_modified": 2}
+        assert puller.ready()[0] is True
+    finally:
+        puller.close()
+
+
+def test_the_background_poll_picks_up_a_new_bundle(
+        pulled: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
+    bundle_server.publish(bundle(tmp_path, "r1", sign=None))
+    puller = BundlePuller(pulled, [source(bundle_server)])
+    puller.start()
+    try:
+        deadline = time.monotonic() + 20
+        while puller.status[AGENT].active_revision != "r1" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert active_policy(pulled, AGENT).revision == "r1"
+        while not any(r["status"] == 304 for r in bundle_server.requests()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # it keeps polling, with the ETag
+        assert any(r["status"] == 304 for r in bundle_server.requests())
+        bundle_server.publish(bundle(tmp_path, "r2", sign=None))
+        while puller.status[AGENT].active_revision != "r2" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert active_policy(pulled, AGENT).revision == "r2"
+    finally:
+        puller.close()
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("tampered", "digest_mismatch"),
+        ("added-file", "file_unsigned"),
+        ("wrong-key", "signature_invalid"),
+        ("expired", "signature_expired"),
+        ("absent", "signature_missing"),
+        ("wrong-scope", "scope_mismatch"),
+        ("load-gate", "load_gate"),
+    ],
+    ids=lambda v: str(v),
+)
+def test_a_refused_bundle_keeps_the_active_revision(
+        pulled: Kernel, bundle_server: BundleServer, tmp_path: Path, case: str, reason: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    puller = BundlePuller(pulled, [source(bundle_server, keys=(release_key(),))])
+    app = create_app(pulled, dev=True)
+    app.state.bundle_puller = puller
+    app.state.metrics_registry.register(BundlePullerCollector(puller))
+    try:
+        bundle_server.publish(bundle(tmp_path, "good"))  # valid: activated
+        assert puller.poll(AGENT)
+        assert active_policy(pulled, AGENT).revision == "good"
+        if case == "tampered":
+            bad = bundle(tmp_path, "bad")
+            (bad / "policy.rego").write_text((bad / "policy.rego").read_text() + "\n# changed after signing\n")
+        elif case == "added-file":
+            bad = bundle(tmp_path, "bad")
+            (bad / "payments" / "extra").mkdir(parents=True)
+            (bad / "payments" / "extra" / "data.json").write_text('{"more": 1}')
+        elif case == "wrong-key":
+            bad = bundle(tmp_path, "bad", n=1)
+        elif case == "expired":
+            bad = bundle(tmp_path, "bad", claims={"exp": int(time.time()) - 5})
+        elif case == "absent":
+            bad = bundle(tmp_path, "bad", sign=None)
+        elif case == "wrong-scope":
+            bad = bundle(tmp_path, "bad", scope="staging")
+        else:  # signed correctly, but not a bundle the load gate accepts
+            bad = copy_bundle(tmp_path / "bad")
+            (bad / "policy.rego").write_text("package payments\n\ndecision := {\n")
+            priv, _ = keys_for("RS256")
+            (bad / SIGNATURES_FILE).write_text(sign_bundle_files(
+                read_bundle_files(bad), priv, key_id="release", scope="prod"))
+        bundle_server.publish(bad)
+        with caplog.at_level(logging.WARNING, logger="kernel.bundles"):
+            assert puller.poll(AGENT) is False
+        assert active_policy(pulled, AGENT).revision == "good"  # never changes on a refusal
+        assert len(list_revisions(pulled, AGENT)) == 1
+        assert any(reason in r.getMessage() and "keeping revision good" in r.getMessage() for r in caplog.records)
+        with ServerThread(app) as srv:
+            ready = httpx.get(f"{srv.url}/v0/ready")
+            metrics = httpx.get(f"{srv.url}/metrics").text
+        assert ready.status_code == 200  # still serving the good revision
+        detail = ready.json()["details"]["bundles"][AGENT]
+        assert detail["active_revision"] == "good" and detail["last_error"]["reason"] == reason
+        assert f'regent_bundle_refusals_total{{agent="{AGENT}",reason="{reason}"}} 1.0' in metrics
+        assert f'regent_bundle_downloads_total{{agent="{AGENT}",outcome="refused"}} 1.0' in metrics
+        # Refused again on the next poll (its ETag was never adopted), still the good revision.
+        assert puller.poll(AGENT) is False and active_policy(pulled, AGENT).revision == "good"
+        # A good bundle after it is activated, and clears the error.
+        bundle_server.publish(bundle(tmp_path, "fixed"))
+        assert puller.poll(AGENT) and active_policy(pulled, AGENT).revision == "fixed"
+        assert puller.status[AGENT].last_error is None
+    finally:
+        puller.close()
+
+
+def test_a_download_error_keeps_the_revision_and_an_unready_kernel_says_why(
+        pulled: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
+    puller = BundlePuller(pulled, [source(bundle_server)])
+    app = create_app(pulled, dev=True)
+    app.state.bundle_puller = puller
+    try:
+        assert puller.poll(AGENT) is False  # 404: nothing published yet
+        with ServerThread(app) as srv:
+            ready = httpx.get(f"{srv.url}/v0/ready")
+        assert ready.status_code == 503
+        assert ready.json()["details"]["bundles"][AGENT]["last_error"]["reason"] == "download_error"
+        bundle_server.publish(bundle(tmp_path, "r1", sign=None))
+        assert puller.poll(AGENT)
+        bundle_server.stop()  # the server goes away: connection refused
+        assert puller.poll(AGENT) is False
+        assert active_policy(pulled, AGENT).revision == "r1"
+        assert puller.status[AGENT].last_error["reason"] == "download_error"  # type: ignore[index]
+        assert puller.ready()[0] is True  # r1 keeps deciding
+    finally:
+        puller.close()
+        bundle_server.proc = subprocess.Popen(["true"])  # the fixture's stop() has a process to end
+
+
+def test_a_signed_bundle_is_refused_when_no_key_is_configured(
+        pulled: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
+    puller = BundlePuller(pulled, [source(bundle_server)])
+    try:
+        bundle_server.publish(bundle(tmp_path, "r1"))
+        assert puller.poll(AGENT) is False
+        assert puller.status[AGENT].last_error["reason"] == "signature_unexpected"  # type: ignore[index]
+    finally:
+        puller.close()
