@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 
-import uvicorn
-
-from kernel.gateway.app import create_gateway_app
-
 
 def cmd_gateway(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from kernel.gateway.app import create_gateway_app
+
     kernel_url = args.kernel or os.environ.get("REGENT_KERNEL_URL", "http://127.0.0.1:8080")
     app = create_gateway_app(args.upstream, kernel_url, max_body_bytes=args.max_body_bytes,
                              upstream_timeout_seconds=args.upstream_timeout_seconds)

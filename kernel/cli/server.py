@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+from typing import TYPE_CHECKING
 
 from kernel.cli.common import console, settings_from
-from kernel.config import Settings
 from kernel.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kernel.config import Settings
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -9,12 +9,14 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kernel.domain import Decision, PolicyInput, Verdict
 from kernel.domain.decision import PolicyKind
 from kernel.errors import ValidationError
-from kernel.store import SqlStore, Tx
+
+if TYPE_CHECKING:  # the store is handed in; importing it here would load SQLAlchemy for every CLI run
+    from kernel.store import SqlStore, Tx
 
 log = logging.getLogger("kernel.policy")
 

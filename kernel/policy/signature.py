@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jwt
 import yaml
 
 from kernel.errors import ValidationError
@@ -282,6 +281,14 @@ def _tar_files(raw: bytes, name: str) -> dict[str, bytes]:
 # -- signing and verifying -------------------------------------------------------------------
 
 
+def _jwt() -> Any:
+    # PyJWT pulls in `cryptography` (a large import): only signing and verifying need it, not
+    # every `regent policy` run that merely imports this module.
+    import jwt
+
+    return jwt
+
+
 def sign_bundle_files(files: dict[str, bytes], key: str, *, algorithm: str = "RS256", key_id: str | None = None,
                       scope: str | None = None, claims: dict[str, Any] | None = None) -> str:
     """The text of `.signatures.json` for these files (as `opa sign` writes it)."""
@@ -295,6 +302,7 @@ def sign_bundle_files(files: dict[str, bytes], key: str, *, algorithm: str = "RS
     if key_id:
         payload.setdefault("keyid", key_id)  # OPA's deprecated claim, for older verifiers
     payload.setdefault("iat", int(time.time()))
+    jwt = _jwt()
     try:
         token = jwt.encode(payload, key, algorithm=algorithm, headers=headers)
     except (ValueError, TypeError, jwt.PyJWTError) as exc:
@@ -340,6 +348,7 @@ def verify_bundle_files(files: dict[str, bytes], keys: list[VerificationKey] | V
 def verify_token(token: str, keys: list[VerificationKey]) -> dict[str, Any]:
     """The JWT alone: key id, signature, expiry and scope; returns its claims."""
     keyset = list(keys)
+    jwt = _jwt()
     try:
         header = jwt.get_unverified_header(token)
         unverified = jwt.decode(token, options={"verify_signature": False})
