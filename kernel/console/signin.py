@@ -14,6 +14,7 @@ from kernel.console.web import (
     finish,
     page,
     redirect,
+    same_origin,
     set_cookie,
     viewer,
 )
@@ -51,6 +52,7 @@ async def sign_in_form(request: Request) -> Response:
 async def sign_in(request: Request) -> Response:
     # No session yet, so no CSRF token to check: SameSite=Strict and the token itself (which a
     # forging site does not have) stand in for it. The response sets a fresh session.
+    same_origin(request)
     data = await request.form(max_part_size=16 * 1024)
     token = str(data.get("token") or "").strip()
     nxt = _next(str(data.get("next") or ""))

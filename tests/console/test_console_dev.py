@@ -14,7 +14,10 @@ import httpx
 import pytest
 
 from tests.console.conftest import ConsoleKernel, console_kernel, shot
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import (
+    REPO,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -111,6 +114,13 @@ def test_state_changing_post_without_the_csrf_token_is_refused(ck: ConsoleKernel
                             return [r.status, await r.text()]; }""",
         f"/console/executions/{eid}/cancel")
     assert wrong[0] == 403 and "CSRF" in wrong[1]
+    assert ck.api.get(eid)["status"] == "blocked"
+    # the right token from another site's page is refused too (its Origin names that site)
+    [cookie] = [c for c in page.context.cookies() if c["name"] == "regent_console"]
+    token = page.locator("input[name=csrf]").first.get_attribute("value")
+    r = httpx.post(f"{ck.url}/console/executions/{eid}/cancel", data={"csrf": token},
+                   cookies={"regent_console": cookie["value"]}, headers={"Origin": "https://evil.example"})
+    assert r.status_code == 403 and "another site" in r.text
     assert ck.api.get(eid)["status"] == "blocked"
     # the same POST from the page's own form carries the token and is accepted
     page.click("text=Cancel execution")
@@ -256,3 +266,24 @@ def test_a_denied_step_is_found_by_the_audit_search_and_is_in_both_exports(ck: C
     assert status == 200 and ctype.startswith("text/csv")
     table = list(csv.DictReader(io.StringIO(body)))
     assert any(r["execution_id"] == eid and r["decision"] == "denied" for r in table)
+
+
+def test_a_rego_bundle_shows_every_module_data_json_and_the_manifest_with_line_numbers(ck: ConsoleKernel, page: Any) -> None:
+    d = REPO / "bundles" / "shell-rego"
+    r = ck.api.http.post("/v0/agents", json={"id": "ops-rego", "webhook_url": "http://127.0.0.1:9/webhook",
+                                             "secret": "not-shown-anywhere"})
+    assert r.status_code in (200, 201), r.text
+    bundle = {"modules": {"policy.rego": (d / "policy.rego").read_text()},
+              "data": json.loads((d / "data.json").read_text()),
+              "manifest": {"revision": "console-1", "roots": ["shell"],
+                           "metadata": {"regent": {"entrypoint": "shell/decision", "default_action": "deny"}}}}
+    r = ck.api.http.post("/v0/policies/ops-rego", json={"kind": "rego", "bundle": bundle})
+    assert r.status_code == 204, r.text
+    page.goto(f"{ck.url}/console/policies?agent_id=ops-rego")
+    names = page.locator(".card h3").all_inner_texts()
+    assert names == ["policy.rego", "data.json", ".manifest"]
+    first = page.locator(".source").first.locator("li")
+    assert first.count() == len((d / "policy.rego").read_text().splitlines())
+    assert first.first.inner_text() == (d / "policy.rego").read_text().splitlines()[0]
+    assert "console-1" in page.locator("dl.facts").inner_text()
+    assert "not-shown-anywhere" not in page.content()
