@@ -3,7 +3,6 @@ each with the explanation `regent policy eval --explain` prints. Nothing is stor
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,29 +26,14 @@ class Evaluation:
 
 
 def explain(bundle: Any, inp: PolicyInput) -> tuple[Decision, list[str]]:
-    """The decision and its explanation. YAML: each rule in file order (→ decided, ✓ matched,
-    ✗ with the first condition that failed). Rego: the entrypoint, the input document, the
-    decision document as the kernel reads it and the policy's print lines."""
-    if hasattr(bundle, "engine") and hasattr(bundle, "bundle"):  # Rego
-        from kernel.policy.rego import input_document
+    """The decision and its explanation, as `regent policy eval --explain` prints it
+    (kernel/policy/explain.py): YAML, each rule in file order; Rego, the decision set with the
+    overridden members, a per-expression trace with file:line and the policy's print lines."""
+    from kernel.policy.explain import explain_document, explain_lines
 
-        d, printed = bundle.engine.explain(bundle.bundle, inp)
-        doc = {"decision": d.verdict.value, "rule_id": d.rule_id, "reason": d.reason,
-               "approval": str(d.approval) if d.approval else None, "revision": d.policy_revision}
-        lines = [f"entrypoint data.{bundle.bundle.entrypoint.replace('/', '.')}",
-                 f"input {json.dumps(input_document(inp), sort_keys=True)}",
-                 f"decision document (as the kernel reads it): {json.dumps(doc)}"]
-        printed_lines = (printed or "").splitlines()
-        lines.append(f"print lines ({len(printed_lines)}):" if printed_lines else "print lines: none")
-        lines += [f"  {line}" for line in printed_lines]
-        return d, lines
     d = bundle.evaluate(inp)
-    lines = []
-    for tr in bundle.explain(inp):
-        mark = "→" if tr.selected else ("✓" if tr.matched else "✗")
-        why = "" if tr.matched else f"  ({tr.failed} did not match)"
-        lines.append(f"{mark} {tr.rule_id} (line {tr.line}){why}")
-    return d, lines
+    lines = explain_lines(explain_document(bundle, inp))
+    return d, lines[1:]
 
 
 def _evaluate(k: Kernel, label: str, c: Candidate, inp: PolicyInput) -> Evaluation:

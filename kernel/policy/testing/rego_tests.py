@@ -8,7 +8,7 @@ import re
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ class RegoTestResult:
     name: str  # package.test_rule
     status: str  # pass | fail | error | skip
     message: str = ""
+    line: int = 0
+    seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -40,23 +42,33 @@ def find_tests(source: str) -> tuple[str, list[tuple[str, bool]]]:
     return package, list(seen.items())
 
 
+def test_lines(source: str) -> dict[str, int]:
+    """Each test rule's first line (JUnit's `line`)."""
+    lines: dict[str, int] = {}
+    for m in _TEST.finditer(source):
+        lines.setdefault(m.group(2), source.count("\n", 0, m.start()) + 1)
+    return lines
+
+
 def run_rego_test_file(test_file: Path, modules: dict[str, str], data: dict[str, Any], *,
-                       run: re.Pattern[str] | None = None, timeout_seconds: float = 30.0) -> list[RegoTestResult]:
+                       run: re.Pattern[str] | None = None, timeout_seconds: float = 30.0,
+                       strict: bool = False) -> list[RegoTestResult]:
     source = test_file.read_text(encoding="utf-8")
     package, tests = find_tests(source)
     results: list[RegoTestResult] = []
     wanted = []
+    lines = test_lines(source)
     for name, todo in tests:
         full = f"{package}.{name}"
         if run is not None and not run.search(full):
             continue
         if todo:
-            results.append(RegoTestResult(str(test_file), f"{package}.todo_{name}", "skip"))
+            results.append(RegoTestResult(str(test_file), f"{package}.todo_{name}", "skip", line=lines.get(name, 0)))
         else:
             wanted.append(full)
     if not wanted:
         return results
-    req = {"modules": {**modules, test_file.name: source}, "data": data, "tests": wanted}
+    req = {"modules": {**modules, test_file.name: source}, "data": data, "tests": wanted, "strict": strict}
     try:
         proc = subprocess.run([sys.executable, "-m", "kernel.policy.testing.rego_child"], input=json.dumps(req),
                               capture_output=True, text=True, timeout=timeout_seconds, check=False)
@@ -76,19 +88,25 @@ def run_rego_test_file(test_file: Path, modules: dict[str, str], data: dict[str,
         elif "done" in ev:
             t = ev["done"]
             running = ""
+            took = float(ev.get("seconds") or 0.0)
             if "error" in ev:
-                done[t] = RegoTestResult(str(test_file), t, "error", ev["error"].strip().splitlines()[0][:300])
+                message = ev["error"].strip().splitlines()[0][:300] if ev["error"].strip() else "rego error"
+                done[t] = RegoTestResult(str(test_file), t, "error", message, seconds=took)
             elif ev["passed"]:
-                done[t] = RegoTestResult(str(test_file), t, "pass")
+                done[t] = RegoTestResult(str(test_file), t, "pass", seconds=took)
             else:
-                done[t] = RegoTestResult(str(test_file), t, "fail", "undefined or not true")
+                done[t] = RegoTestResult(str(test_file), t, "fail", "undefined or not true", seconds=took)
+    by_name = {f"{package}.{name}": lines.get(name, 0) for name, _ in tests}
+    done = {t: replace(r, line=by_name.get(t, 0)) for t, r in done.items()}
     for t in wanted:
         if t in done:
             results.append(done[t])
         elif t == running:
-            results.append(RegoTestResult(str(test_file), t, "error", _crash(rc, timed_out, timeout_seconds, source)))
+            results.append(RegoTestResult(str(test_file), t, "error", _crash(rc, timed_out, timeout_seconds, source),
+                                          line=by_name.get(t, 0)))
         elif running or rc != 0:
-            results.append(RegoTestResult(str(test_file), t, "error", "not run: the test process died before it"))
+            results.append(RegoTestResult(str(test_file), t, "error", "not run: the test process died before it",
+                                          line=by_name.get(t, 0)))
     return results
 
 

@@ -64,13 +64,17 @@ def rego_rule_ids(modules: dict[str, str]) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def load_bundle(path: Path, rego_engine: Any) -> LoadedBundle:
-    """Compile a bundle through the same load gate the kernel uses; ValidationError names the file."""
+def load_bundle(path: Path, rego_engine: Any, *, strict: bool = False) -> LoadedBundle:
+    """Compile a bundle through the same load gate the kernel uses; ValidationError names the file.
+
+    ``strict``: Rego bundles get the strict-mode checks and strict builtin errors; a YAML bundle's
+    authoring warnings (`lints`) become load errors.
+    """
     if path.is_dir() or path.name.endswith((".tar.gz", ".tgz")):
         from kernel.policy.rego import compile_rego_bundle, load_rego_bundle
 
         try:
-            bundle = compile_rego_bundle(load_rego_bundle(path), engine=rego_engine.get())
+            bundle = compile_rego_bundle(load_rego_bundle(path), engine=rego_engine.get(), strict=strict)
         except ValidationError as exc:
             raise ValidationError(f"{path}: {exc.message}") from None
         modules = dict(bundle.modules)
@@ -83,6 +87,11 @@ def load_bundle(path: Path, rego_engine: Any) -> LoadedBundle:
         compiled = compile_yaml_bundle(text, revision=yaml_revision(text))
     except ValidationError as exc:
         raise ValidationError(f"{path}: {exc.message}") from None
+    if strict:
+        lints = compiled.lints()
+        if lints:
+            raise ValidationError(f"{path}: invalid policy bundle (strict): "
+                                  + "; ".join(f"line {x.line}: rule \"{x.rule_id}\": {x.message}" for x in lints))
     return LoadedBundle(path, "yaml", compiled, compiled.rule_ids, shadowed=compiled.shadowed_rules())
 
 
