@@ -20,7 +20,7 @@ class JSONResponse(Response):
         return (_enc.encode(content) + "\n").encode("utf-8")
 
 
-def execution_json(e: Execution) -> dict[str, Any]:
+def execution_json(e: Execution, children: list[str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": e.id,
         "agent_id": e.agent_id,
@@ -37,6 +37,21 @@ def execution_json(e: Execution) -> dict[str, Any]:
         out["deadline_at"] = rfc3339(e.deadline_at)
     if e.idempotency_key is not None:
         out["idempotency_key"] = e.idempotency_key
+    if e.session is not None:
+        out["session"] = e.session
+    if e.previous_execution_id is not None:
+        out["previous_execution_id"] = e.previous_execution_id
+    if e.parent_execution_id is not None:
+        out["parent_execution_id"] = e.parent_execution_id
+        if e.spawned_step_id is not None:
+            out["spawned_by"] = {"execution_id": e.parent_execution_id, "step_id": e.spawned_step_id}
+    if children is not None:
+        out["children"] = children
+    if e.suspended:
+        out["suspended"] = True
+    if e.forked_from is not None:
+        out["forked_from"] = e.forked_from
+        out["fork_seq"] = e.fork_seq
     return out
 
 

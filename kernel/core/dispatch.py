@@ -95,6 +95,22 @@ def skip_poisoned(k: Kernel, dispatch_id: str, exc: Exception) -> None:
 
 
 def claim_one(k: Kernel, dispatch_id: str) -> Claim | None:
+    c = _claim_one(k, dispatch_id)
+    if c is not None and c.exhausted:
+        _ended(k, c.execution_id)
+    return c
+
+
+def _ended(k: Kernel, execution_id: str) -> None:
+    from kernel.core.sessions import ended
+
+    with k.store.read() as tx:
+        e = tx.get_execution(execution_id)
+    if e is not None and e.status.is_terminal:
+        ended(k, e)
+
+
+def _claim_one(k: Kernel, dispatch_id: str) -> Claim | None:
     now = k.clock.now()
     with k.store.read() as tx:
         d0 = tx.get_dispatch(dispatch_id)
@@ -139,24 +155,31 @@ def _fail_exhausted(tx: Tx, execution_id: str, now: datetime) -> None:
 
 def record_delivery(k: Kernel, claim: Claim, ok: bool, detail: str | None = None) -> None:
     """The webhook answered (2xx → acked) or not (→ failed, backoff or exhaustion)."""
+    if _record_delivery(k, claim, ok, detail):
+        _ended(k, claim.execution_id)
+
+
+def _record_delivery(k: Kernel, claim: Claim, ok: bool, detail: str | None) -> bool:
+    """True when the execution failed (its attempts ran out)."""
     now = k.clock.now()
     with k.store.transaction(lock=claim.execution_id) as tx:
         ex = tx.get_execution(claim.execution_id)
         if ex is None:
-            return
+            return False
         if ok:
             tx.append(ex.id, now, [ev.dispatch(EventType.DISPATCH_ACKED, claim.dispatch_id, ex.id, "acked", claim.attempt)])
-            return
+            return False
         tx.append(ex.id, now, [ev.dispatch(EventType.DISPATCH_FAILED, claim.dispatch_id, ex.id, "failed",
                                            claim.attempt, error=detail)])
         d = tx.get_dispatch(claim.dispatch_id)
         if d is None or d.status != DispatchStatus.IN_FLIGHT or d.attempt != claim.attempt or ex.status.is_terminal:
-            return  # the delivery lost its row meanwhile (blocked, parked, finished): verdict dropped
+            return False  # the delivery lost its row meanwhile (blocked, parked, finished): verdict dropped
         if claim.attempt >= d.max_attempts:
             _fail_exhausted(tx, ex.id, now)
-        else:
-            tx.set_dispatch_if_live(claim.dispatch_id, claim.attempt, now, status=DispatchStatus.FAILED,
-                                    next_attempt_at=now + k.backoff(claim.attempt), locked_by=None, locked_at=None)
+            return True
+        tx.set_dispatch_if_live(claim.dispatch_id, claim.attempt, now, status=DispatchStatus.FAILED,
+                                next_attempt_at=now + k.backoff(claim.attempt), locked_by=None, locked_at=None)
+        return False
 
 
 def reap_expired_leases(k: Kernel, batch: int = 100) -> int:

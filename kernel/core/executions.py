@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
 from kernel.core import events as ev
-from kernel.core.dispatch import enqueue, require_live_lease
+from kernel.core.dispatch import require_live_lease
 from kernel.core.kernel import Kernel
+from kernel.core.sessions import ended, start_or_queue
 from kernel.domain import (
     ApprovalStatus,
     Event,
@@ -25,31 +28,40 @@ from kernel.store import Tx
 CANCELLED_ERROR = {"reason": "execution_cancelled"}
 
 
-def create_execution(k: Kernel, agent_id: str, input: Any, idempotency_key: str | None = None) -> tuple[Execution, bool]:
-    """Create and enqueue an execution. A repeated idempotency key returns the first one."""
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """Where a new execution sits: its session, and its parent in the sub-agent tree."""
+
+    session: str | None = None
+    parent_execution_id: str | None = None
+    spawned_step_id: str | None = None  # the parent's step this child's outcome is recorded on
+
+
+def create_execution(
+    k: Kernel, agent_id: str, input: Any, idempotency_key: str | None = None, lineage: Lineage | None = None,
+) -> tuple[Execution, bool]:
+    """Create an execution: running and enqueued, or `pending` when its session is busy. A
+    repeated idempotency key returns the first one."""
     now = k.clock.now()
+    lin = lineage or Lineage()
     try:
-        with k.store.transaction() as tx:
+        with k.store.transaction(session=lin.session) as tx:
             if tx.get_agent(agent_id) is None:
                 raise NotFound(f"agent {agent_id!r} not found")
             if idempotency_key is not None:
                 existing = tx.find_execution_by_key(agent_id, idempotency_key)
                 if existing is not None:
                     return existing, False
+            if lin.parent_execution_id is not None:
+                _check_parent(tx, lin)
             deadline = now + timedelta(seconds=k.deadline_timeout) if k.deadline_timeout else None
             e = Execution(
                 id=new_uuid7(), agent_id=agent_id, input=input, status=ExecutionStatus.RUNNING,
                 created_at=now, updated_at=now, deadline_at=deadline, idempotency_key=idempotency_key,
+                session=lin.session, parent_execution_id=lin.parent_execution_id,
+                spawned_step_id=lin.spawned_step_id,
             )
-            tx.insert_execution(e)
-            _, queued = enqueue(k, tx, e.id, now)
-            dl = deadline.isoformat() if deadline else None
-            tx.append(e.id, now, [
-                ev.execution(EventType.EXECUTION_CREATED, e.id, ExecutionStatus.PENDING, deadline_at=dl),
-                ev.execution(EventType.EXECUTION_STARTED, e.id, ExecutionStatus.RUNNING, deadline_at=dl),
-                queued,
-            ])
-            return e, True
+            return start_or_queue(k, tx, e, now), True
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -58,6 +70,18 @@ def create_execution(k: Kernel, agent_id: str, input: Any, idempotency_key: str 
         if existing is None:
             raise
         return existing, False
+
+
+def _check_parent(tx: Tx, lin: Lineage) -> None:
+    parent = tx.get_execution(lin.parent_execution_id or "")
+    if parent is None:
+        raise NotFound("parent execution not found")
+    if parent.status.is_terminal:
+        raise ExecutionTerminal("parent execution is terminal")
+    if lin.spawned_step_id is not None:
+        s = tx.get_step(lin.spawned_step_id)
+        if s is None or s.execution_id != parent.id:
+            raise NotFound("spawning step not found in the parent execution")
 
 
 def get_execution(k: Kernel, execution_id: str, agent_id: str | None = None) -> Execution:
@@ -79,12 +103,29 @@ def owned(e: Execution | None, agent_id: str | None) -> Execution:
     return e
 
 
-def list_executions(k: Kernel, agent_id: str | None, status: str | None, cursor: str | None, limit: int) -> tuple[list[Execution], str | None]:
+def list_executions(
+    k: Kernel, agent_id: str | None, status: str | None, cursor: str | None, limit: int,
+    session: str | None = None, parent: str | None = None,
+) -> tuple[list[Execution], str | None, dict[str, list[str]]]:
+    """A page of executions, newest first, with each one's children's ids."""
     with k.store.read() as tx:
-        rows = tx.list_executions(agent_id, status, cursor, limit + 1)
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return rows, (rows[-1].id if more and rows else None)
+        rows = tx.list_executions(agent_id, status, cursor, limit + 1, session=session, parent=parent)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        children = tx.children_ids([e.id for e in rows])
+    return rows, (rows[-1].id if more and rows else None), children
+
+
+def get_execution_tree(k: Kernel, execution_id: str, agent_id: str | None = None) -> tuple[Execution, list[str]]:
+    """The execution and its children's ids. An agent may also read its own executions' children."""
+    with k.store.read() as tx:
+        e = tx.get_execution(execution_id)
+        if e is not None and agent_id is not None and e.agent_id != agent_id and e.parent_execution_id:
+            parent = tx.get_execution(e.parent_execution_id)
+            if parent is not None and parent.agent_id == agent_id:
+                return e, tx.children_ids([e.id])[e.id]
+        e = owned(e, agent_id)
+        return e, tx.children_ids([e.id])[e.id]
 
 
 def list_events(k: Kernel, execution_id: str, after_seq: int, limit: int) -> list[Event]:
@@ -94,12 +135,25 @@ def list_events(k: Kernel, execution_id: str, after_seq: int, limit: int) -> lis
 
 
 def cancel_execution(k: Kernel, execution_id: str, reason: str = "client_cancelled") -> None:
+    """Cancel; its live children (and theirs) are cancelled after it, reason `parent_cancelled`."""
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
         e = load_owned(tx, execution_id, None)
         if e.status.is_terminal:
             raise ExecutionTerminal("execution is terminal")
         cancel_in_tx(tx, e, now, reason)
+    ended(k, dataclasses.replace(e, status=ExecutionStatus.CANCELLED))
+
+
+def cancel_one(k: Kernel, execution_id: str, reason: str) -> Execution | None:
+    """Cancel one execution if it is still live (no cascade; the caller walks the tree)."""
+    now = k.clock.now()
+    with k.store.transaction(lock=execution_id) as tx:
+        e = tx.get_execution(execution_id)
+        if e is None or e.status.is_terminal:
+            return None
+        cancel_in_tx(tx, e, now, reason)
+    return dataclasses.replace(e, status=ExecutionStatus.CANCELLED)
 
 
 def cancel_in_tx(tx: Tx, e: Execution, now: datetime, reason: str) -> None:
@@ -116,7 +170,7 @@ def cancel_in_tx(tx: Tx, e: Execution, now: datetime, reason: str) -> None:
     for s in tx.steps_in_status(e.id, StepStatus.EXECUTING):
         tx.update_step(s.step_id, status=StepStatus.CANCELLED, error=CANCELLED_ERROR, completed_at=now)
         out.append(ev.step(EventType.STEP_CANCELLED, s.step_id, s.kind, s.target, error=CANCELLED_ERROR))
-    tx.append(e.id, now, out, status=ExecutionStatus.CANCELLED, failure_reason=reason)
+    tx.append(e.id, now, out, status=ExecutionStatus.CANCELLED, failure_reason=reason, suspended=False)
 
 
 def heartbeat(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int) -> None:
@@ -128,9 +182,9 @@ def heartbeat(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, att
 
 def finish_execution(
     k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int,
-    *, output: Any = None, error: str | None = None, failed: bool = False,
+    *, output: Any = None, error: str | None = None, failed: bool = False, state: Any = None,
 ) -> None:
-    """The agent's handler returned (complete) or raised (fail)."""
+    """The agent's handler returned (complete, with the session's next `state`) or raised (fail)."""
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
         e = load_owned(tx, execution_id, agent_id)
@@ -139,10 +193,14 @@ def finish_execution(
         require_live_lease(tx, execution_id, dispatch_id, attempt, now)
         tx.retire_dispatches(execution_id, now)
         if failed:
+            status = ExecutionStatus.FAILED
             tx.append(execution_id, now,
                       [ev.execution(EventType.EXECUTION_FAILED, e.id, ExecutionStatus.FAILED, reason=error or None)],
                       status=ExecutionStatus.FAILED, failure_reason=error or None)
         else:
+            status = ExecutionStatus.COMPLETED
+            values: dict[str, Any] = {"state": state} if state is not None else {}
             tx.append(execution_id, now,
                       [ev.execution(EventType.EXECUTION_COMPLETED, e.id, ExecutionStatus.COMPLETED, output=output)],
-                      status=ExecutionStatus.COMPLETED, output=output)
+                      status=ExecutionStatus.COMPLETED, output=output, **values)
+    ended(k, dataclasses.replace(e, status=status, output=output))

@@ -20,7 +20,7 @@ class PolicyResolver(Protocol):
     revision there, in the same snapshot as the execution (and without a transaction of its own).
     """
 
-    def decide(self, inp: PolicyInput, tx: Tx | None = None) -> Decision: ...
+    def decide(self, inp: PolicyInput, tx: Tx | None = None, bundle_id: int | None = None) -> Decision: ...
 
     def check(self, kind: str, content: str) -> str:
         """The load gate: compile without storing; returns the revision or raises ValidationError."""
@@ -30,7 +30,7 @@ class PolicyResolver(Protocol):
 class PermissiveResolver:
     """No bundles at all: every step is allowed with rule id `permissive`."""
 
-    def decide(self, inp: PolicyInput, tx: Tx | None = None) -> Decision:
+    def decide(self, inp: PolicyInput, tx: Tx | None = None, bundle_id: int | None = None) -> Decision:
         return Decision.permissive()
 
     def check(self, kind: str, content: str) -> str:

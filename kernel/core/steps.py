@@ -100,7 +100,9 @@ def bucket_key(rule_id: str, per_what: str, e: Execution) -> str:
         return f"{rule_id}:agent:{e.agent_id}"
     if per_what == "global":
         return f"{rule_id}:global"
-    return f"{rule_id}:exec:{e.id}"
+    if per_what == "session" and e.session is not None:
+        return f"{rule_id}:session:{e.session}"
+    return f"{rule_id}:exec:{e.id}"  # `session` on an execution without one: its own bucket
 
 
 def submit_step(
@@ -190,16 +192,20 @@ def _decide_new(
             "agent_id": e.agent_id,
             "input": e.input,
             "created_at": rfc3339(e.created_at),
+            "session": e.session,
+            "parent_execution_id": e.parent_execution_id,
+            "forked_from": e.forked_from,
         },
         usage={"input_tokens": usage_in, "output_tokens": usage_out},
         now=rfc3339(now),
+        session=e.session,
     )
     if req.idempotency == Idempotency.AT_MOST_ONCE and tx.has_indeterminate_failure(
         e.id, req.kind, req.target, req.args_hash
     ):
         decision = INDETERMINATE_RETRY
     else:
-        decision = k.policy.decide(inp, tx=tx)
+        decision = k.policy.decide(inp, tx=tx, bundle_id=e.fork_bundle_id)
         if decision.judge is not None:
             decision = _judged(decision, inp, judged)
         limited = _apply_rate_limit(k, tx, e, sid, req, decision, dispatch_id, attempt, now)
@@ -207,7 +213,11 @@ def _decide_new(
             dlog.note_step(k, e, sid, inp, decision, EventType.STEP_RATE_LIMITED.value, now,
                            outcome=limited.decision, reason=limited.reason)
             return limited
-        decision = _apply_budget(decision, usage_in + usage_out)
+        spend = usage_in + usage_out
+        if decision.budget is not None and decision.budget.scope == "session" and e.session is not None:
+            spend = sum(tx.session_usage(e.session))
+        decision = _apply_budget(decision, spend)
+        decision = _gate_fork_effect(e, req, decision)
     _renew(tx, dispatch_id, e.id, attempt, now)
     answer = _record(k, tx, e, sid, occurrence, req, decision, now)
     dlog.note_step(k, e, sid, inp, decision, _DECISION_EVENTS[decision.verdict].value, now)
@@ -279,6 +289,18 @@ def _refuse(
     tx.append(e.id, now, [_rate_limited_event(sid, req, d, reason)],
               decision=_limited_record(k, e, sid, req, d, reason, now))
     return StepAnswer("rate_limited", reason=reason)
+
+
+FORK_EFFECT_RULE = "__fork_effect"
+
+
+def _gate_fork_effect(e: Execution, req: StepRequest, d: Decision) -> Decision:
+    """A fork may reach an effect its source already performed after the fork point: every
+    `at_most_once` step a fork runs live needs approval first (rule `__fork_effect`; docs/api.md)."""
+    if e.forked_from is None or req.idempotency != Idempotency.AT_MOST_ONCE or d.verdict != Verdict.ALLOW:
+        return d
+    return dataclasses.replace(d, verdict=Verdict.REQUIRE_APPROVAL, rule_id=FORK_EFFECT_RULE,
+                               reason="a fork runs this at_most_once effect live: approval required")
 
 
 def _apply_budget(d: Decision, spend: int) -> Decision:

@@ -3,6 +3,7 @@ only on the replica holding the leader lock; the others skip it and return None.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -10,6 +11,8 @@ from kernel.core.approvals import expire_approvals
 from kernel.core.decisions import delete_expired_decisions
 from kernel.core.executions import cancel_in_tx
 from kernel.core.kernel import Kernel
+from kernel.core.sessions import ended, repair
+from kernel.domain import ExecutionStatus
 
 DEADLINE_REASON = "deadline_exceeded"
 _MAX_BATCHES = 100  # bounded: a pass handles at most this many batches; the next tick goes on
@@ -21,6 +24,7 @@ class CleanupResult:
     executions_deleted: int = 0
     deadlines_cancelled: int = 0
     decisions_deleted: int = 0
+    sessions_repaired: int = 0  # stalled sessions admitted, ready suspended parents resumed
 
 
 def cancel_past_deadlines(k: Kernel, batch: int = 100) -> int:
@@ -39,6 +43,7 @@ def cancel_past_deadlines(k: Kernel, batch: int = 100) -> int:
                     continue
                 cancel_in_tx(tx, e, now, DEADLINE_REASON)
                 done += 1
+            ended(k, dataclasses.replace(e, status=ExecutionStatus.CANCELLED))
         total += done
         if len(ids) < batch or done == 0:
             break
@@ -91,4 +96,5 @@ def cleanup_sweep(k: Kernel, leader_key: str, *, include_deadlines: bool = False
             executions_deleted=delete_expired_executions(k),
             deadlines_cancelled=cancel_past_deadlines(k) if include_deadlines else 0,
             decisions_deleted=delete_expired_decisions(k),
+            sessions_repaired=repair(k),
         )

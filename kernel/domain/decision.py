@@ -33,7 +33,7 @@ class ApprovalConfig:
 class RateLimitSpec:
     max_calls: int
     window_seconds: float
-    per_what: str = "execution"  # execution | agent | global
+    per_what: str = "execution"  # execution | session | agent | global
     max_wait_seconds: float = 0.0
     on_limiter_error: str = "allow"  # allow | deny
 
@@ -46,6 +46,7 @@ class RateLimitSpec:
 class BudgetSpec:
     max_tokens: int
     on_exceed: str = "deny"  # deny | require_approval
+    scope: str = "execution"  # execution | session (the whole session's executions' tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class PolicyInput:
     execution: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0})
     now: str = ""  # RFC 3339, from the kernel's clock
+    session: str | None = None  # the execution's session, if it has one
 
 
 @dataclass(frozen=True, slots=True)

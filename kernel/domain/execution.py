@@ -42,3 +42,14 @@ class Execution:
     usage_output: int = 0
     # The credential that created it: an API key's id, "bootstrap" or "dev" (docs/audit.md).
     created_by: str | None = None
+    # Sessions (one running execution per session; the rest wait `pending`), the tree of
+    # sub-agents and forks (docs/architecture.md, "Sessions, sub-agents and forks").
+    session: str | None = None
+    parent_execution_id: str | None = None  # the execution this one is a child of
+    spawned_step_id: str | None = None  # the parent's step whose outcome this child records
+    previous_execution_id: str | None = None  # the session turn this one continues (set at start)
+    state: Any = None  # what the agent completed with for the next turn (opaque JSON)
+    forked_from: str | None = None
+    fork_seq: int = 0
+    fork_bundle_id: int | None = None  # the fork's own policy bundle (fork_bundles row)
+    suspended: bool = False  # waiting for its children, holding no dispatch

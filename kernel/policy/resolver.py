@@ -117,9 +117,12 @@ class BundleResolver:
     def close(self) -> None:
         self.rego.close()
 
-    def decide(self, inp: PolicyInput, tx: Tx | None = None) -> Decision:
+    def decide(self, inp: PolicyInput, tx: Tx | None = None, bundle_id: int | None = None) -> Decision:
         """`tx`: the submit's own transaction, so the revision is read from the same snapshot as
-        the execution (one indexed lookup, no content); without it, a read of its own."""
+        the execution (one indexed lookup, no content); without it, a read of its own.
+        `bundle_id`: a fork's own bundle, which decides in place of the agent's active one."""
+        if bundle_id is not None:
+            return self._decide_fork(inp, tx, bundle_id)
         try:
             if tx is not None:
                 # The execution was loaded in this snapshot, and it references the agent.
@@ -151,14 +154,44 @@ class BundleResolver:
         # The engines know the manifest revision; the content hash is the stored revision's.
         return dataclasses.replace(decision, policy_hash=digest) if digest else decision
 
-    def _content(self, revision_id: int, tx: Tx | None) -> str | None:
+    def _decide_fork(self, inp: PolicyInput, tx: Tx | None, bundle_id: int) -> Decision:
+        try:
+            if tx is not None:
+                row = tx.fork_bundle_ref(bundle_id)
+            else:
+                with self.store.read() as own:
+                    row = own.fork_bundle_ref(bundle_id)
+        except Exception:
+            log.exception("fork bundle %s lookup failed", bundle_id)
+            return Decision.bundle_error("fork_bundle_lookup_failed")
+        if row is None:
+            return Decision.bundle_error("fork_bundle_missing")
+        kind = PolicyKind(row.kind) if row.kind in PolicyKind._value2member_map_ else PolicyKind.NONE
+        bundle = self._compiled(row, tx, fork=True)
+        if isinstance(bundle, Exception):
+            return Decision.bundle_error("policy_bundle_invalid", kind, row.revision)
+        try:
+            return bundle.evaluate(inp)
+        except Exception:
+            log.exception("policy evaluation failed (fork bundle %s)", bundle_id)
+            return Decision(Verdict.DENY, "eval-error", "policy evaluation failed",
+                            policy_kind=kind, policy_revision=row.revision)
+
+    def _content(self, revision_id: int, tx: Tx | None, fork: bool = False) -> str | None:
+        if fork:
+            if tx is not None:
+                return tx.fork_bundle_content(revision_id)
+            with self.store.read() as own:
+                return own.fork_bundle_content(revision_id)
         if tx is not None:
             return tx.policy_content(revision_id)
         with self.store.read() as own:
             return own.policy_content(revision_id)
 
-    def _compiled(self, row: Any, tx: Tx | None) -> CompiledBundle | Exception:
-        key = (row.agent_id, int(row.id))
+    def _compiled(self, row: Any, tx: Tx | None, fork: bool = False) -> CompiledBundle | Exception:
+        # Fork bundles are cached apart from the agents' revisions (whose ids they share).
+        owner = f"fork:{row.agent_id}" if fork else row.agent_id
+        key = (owner, int(row.id))
         with self._lock:
             hit = self._cache.get(key)
         if hit is not None:
@@ -169,7 +202,7 @@ class BundleResolver:
             result = LookupError(f"no engine for bundle kind {row.kind!r}")
         else:
             try:
-                content = self._content(int(row.id), tx)
+                content = self._content(int(row.id), tx, fork)
                 if content is None:
                     raise LookupError(f"policy revision {row.id} vanished")
                 result = compiler(content, row.revision)
@@ -179,7 +212,7 @@ class BundleResolver:
                 result = exc
         with self._lock:
             # Keep only the newest compiled revision per agent.
-            for k in [k for k in self._cache if k[0] == row.agent_id]:
+            for k in [k for k in self._cache if k[0] == owner]:
                 del self._cache[k]
             self._cache[key] = result
         return result

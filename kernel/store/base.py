@@ -120,12 +120,15 @@ class SqlStore:
 
     # Public ------------------------------------------------------------------------------
     @contextmanager
-    def transaction(self, lock: str | None = None) -> Iterator[Tx]:
-        """A write transaction; `lock` names an execution whose mutations it serialises."""
+    def transaction(self, lock: str | None = None, session: str | None = None) -> Iterator[Tx]:
+        """A write transaction; `lock` names an execution whose mutations it serialises, `session`
+        a session whose admission it serialises (taken first: session, then executions)."""
         with self._begin(write=True) as conn:
+            if session is not None:
+                self._lock_execution(conn, f"session:{session}")
             if lock is not None:
                 self._lock_execution(conn, lock)
-            yield Tx(self, conn)
+            yield Tx(self, conn, lock_more=lambda eid: self._lock_execution(conn, eid))
 
     @contextmanager
     def read(self) -> Iterator[Tx]:

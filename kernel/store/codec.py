@@ -106,6 +106,15 @@ def to_execution(r: Any, inputs: DecodedInputs | None = None) -> Execution:
         usage_input=int(getattr(r, "usage_input", 0) or 0),
         usage_output=int(getattr(r, "usage_output", 0) or 0),
         created_by=getattr(r, "created_by", None),
+        session=getattr(r, "session", None),
+        parent_execution_id=getattr(r, "parent_execution_id", None),
+        spawned_step_id=getattr(r, "spawned_step_id", None),
+        previous_execution_id=getattr(r, "previous_execution_id", None),
+        state=loads(getattr(r, "state", None)),
+        forked_from=getattr(r, "forked_from", None),
+        fork_seq=int(getattr(r, "fork_seq", 0) or 0),
+        fork_bundle_id=getattr(r, "fork_bundle_id", None),
+        suspended=bool(getattr(r, "suspended", False)),
     )
 
 

@@ -124,10 +124,40 @@ _DECISION_INDEXES = {
 }
 
 
+_EXECUTION_COLUMNS_003 = (
+    ("session", "VARCHAR(200)"),
+    ("parent_execution_id", "VARCHAR(36)"),
+    ("spawned_step_id", "VARCHAR(64)"),
+    ("previous_execution_id", "VARCHAR(36)"),
+    ("state", "TEXT"),
+    ("forked_from", "VARCHAR(36)"),
+    ("fork_seq", "BIGINT NOT NULL DEFAULT 0"),
+    ("fork_bundle_id", "INTEGER"),
+    ("suspended", "BOOLEAN NOT NULL DEFAULT false"),
+)
+
+
+def _sessions_and_forks(conn: Connection) -> None:
+    # 004: sessions (one running execution per session), sub-agents, forks and resources: eight
+    # columns on executions (all nullable or defaulted, so existing rows need no backfill), their
+    # indexes, and three tables. A database 001 created from the current tables.py has them already.
+    have = {c["name"] for c in inspect(conn).get_columns("executions")}
+    for name, ddl in _EXECUTION_COLUMNS_003:
+        if name not in have:
+            conn.execute(text(f"ALTER TABLE executions ADD COLUMN {name} {ddl}"))
+    indexes = {i["name"] for i in inspect(conn).get_indexes("executions")}
+    if "ix_executions_session" not in indexes:
+        conn.execute(text("CREATE INDEX ix_executions_session ON executions (session, status, id)"))
+    if "ix_executions_parent" not in indexes:
+        conn.execute(text("CREATE INDEX ix_executions_parent ON executions (parent_execution_id)"))
+    t.metadata.create_all(conn, tables=[t.fork_bundles, t.resources, t.resource_checkpoints])
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
     Migration(3, "audit: decisions, approval context, bundle hashes, key metadata", _audit),
+    Migration(4, "sessions, sub-agents, forks and resources", _sessions_and_forks),
 ]
 LATEST = MIGRATIONS[-1].version
 

@@ -28,6 +28,7 @@ from kernel.store import tables as t
 from kernel.store.dialect import Dialect
 from kernel.store.sql_audit import AuditQueries, content_hash, decision_params
 from kernel.store.sql_dispatch import DispatchQueries
+from kernel.store.sql_session import SessionQueries
 from kernel.store.statements import (
     ACTIVE_POLICY_REF,
     ADD_USAGE,
@@ -59,13 +60,22 @@ from kernel.store.statements import (
 )
 
 
-class Tx(DispatchQueries, AuditQueries):
+class Tx(DispatchQueries, AuditQueries, SessionQueries):
     """One open transaction. Every method is a single round trip or a small batch."""
 
-    def __init__(self, store: Dialect, conn: Connection, escalate: Callable[[], Connection] | None = None):
+    def __init__(self, store: Dialect, conn: Connection, escalate: Callable[[], Connection] | None = None,
+                 lock_more: Callable[[str], None] | None = None):
         self.store = store
         self._conn = conn
         self._escalate = escalate
+        self._lock_more = lock_more
+
+    def lock_execution(self, execution_id: str) -> None:
+        """Take one more execution's lock inside this transaction (session admission: the session
+        first, then the admitted execution). On SQLite, call it before the first write."""
+        if self._lock_more is None:
+            raise RuntimeError("this transaction cannot take more locks")
+        self._lock_more(execution_id)
 
     @property
     def conn(self) -> Connection:
@@ -253,18 +263,32 @@ class Tx(DispatchQueries, AuditQueries):
                 updated_at=e.updated_at,
                 deadline_at=e.deadline_at,
                 created_by=e.created_by,
+                session=e.session,
+                parent_execution_id=e.parent_execution_id,
+                spawned_step_id=e.spawned_step_id,
+                previous_execution_id=e.previous_execution_id,
+                state=None,
+                forked_from=e.forked_from,
+                fork_seq=e.fork_seq,
+                fork_bundle_id=e.fork_bundle_id,
+                suspended=False,
             )
         )
 
     def list_executions(
         self, agent_id: str | None, status: str | None, cursor: str | None, limit: int,
         created_from: datetime | None = None, created_to: datetime | None = None,
+        session: str | None = None, parent: str | None = None,
     ) -> list[Execution]:
         q = select(t.executions)
         if agent_id is not None:
             q = q.where(t.executions.c.agent_id == agent_id)
         if status is not None:
             q = q.where(t.executions.c.status == status)
+        if session is not None:
+            q = q.where(t.executions.c.session == session)
+        if parent is not None:
+            q = q.where(t.executions.c.parent_execution_id == parent)
         if cursor is not None:
             q = q.where(t.executions.c.id < cursor)
         if created_from is not None:
@@ -281,8 +305,9 @@ class Tx(DispatchQueries, AuditQueries):
         return {str(status): int(n) for status, n in self.conn.execute(q).all()}
 
     def set_execution(self, execution_id: str, now: datetime, **values: Any) -> None:
-        if "output" in values:
-            values["output"] = codec.dumps_or_none(values["output"])
+        for key in ("output", "state"):
+            if key in values:
+                values[key] = codec.dumps_or_none(values[key])
         if "status" in values:
             values["status"] = str(values["status"])
         self.w.execute(
@@ -315,7 +340,7 @@ class Tx(DispatchQueries, AuditQueries):
                     table.c.dispatch_id.in_(select(t.dispatches.c.id).where(t.dispatches.c.execution_id.in_(ids)))
                 )
             )
-        for table in (t.events, t.steps, t.approvals, t.dispatches):
+        for table in (t.events, t.steps, t.approvals, t.dispatches, t.resources, t.resource_checkpoints):
             self.w.execute(delete(table).where(table.c.execution_id.in_(ids)))
         self.w.execute(delete(t.executions).where(t.executions.c.id.in_(ids)))
         return len(ids)
@@ -334,8 +359,9 @@ class Tx(DispatchQueries, AuditQueries):
         n = len(events)
         if "status" in execution_values:
             execution_values["status"] = str(execution_values["status"])
-        if "output" in execution_values:
-            execution_values["output"] = codec.dumps_or_none(execution_values["output"])
+        for key in ("output", "state"):
+            if key in execution_values:
+                execution_values[key] = codec.dumps_or_none(execution_values[key])
         execution_values["updated_at"] = now
         stmt = APPEND.get(tuple(sorted(execution_values)))
         last = stmt.scalar(self.w, {"_id": execution_id, "_n": n, **execution_values})

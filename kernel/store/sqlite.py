@@ -94,7 +94,7 @@ class SqliteStore(SqlStore):
             yield conn
 
     @contextmanager
-    def transaction(self, lock: str | None = None) -> Iterator[Tx]:
+    def transaction(self, lock: str | None = None, session: str | None = None) -> Iterator[Tx]:
         """Reads run on a snapshot; the first write switches to a BEGIN IMMEDIATE transaction.
 
         The per-execution lock is an in-process keyed lock held for the whole use case, so a slow
@@ -107,6 +107,8 @@ class SqliteStore(SqlStore):
         write lock is released.
         """
         with ExitStack() as stack:
+            if session is not None:  # execution ids are UUIDs: the prefix keeps the keys apart
+                stack.enter_context(self._keyed_lock(f"session:{session}"))
             if lock is not None:
                 stack.enter_context(self._keyed_lock(lock))
             conn = stack.enter_context(self._connection())
@@ -122,7 +124,7 @@ class SqliteStore(SqlStore):
                 return conn
 
             try:
-                yield Tx(self, conn, escalate)
+                yield Tx(self, conn, escalate, lock_more=lambda eid: stack.enter_context(self._keyed_lock(eid)))
             except BaseException:
                 end_transaction(conn, commit=False)
                 raise

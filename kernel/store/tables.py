@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     ForeignKey,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlmodel import Field, SQLModel
 
@@ -96,6 +98,9 @@ class ExecutionRow(SQLModel, table=True):
     __table_args__ = (
         Index("ix_executions_agent", "agent_id", "id"),
         Index("ix_executions_status", "status", "id"),
+        # Session admission reads a session's live and queued executions, oldest first.
+        Index("ix_executions_session", "session", "status", "id"),
+        Index("ix_executions_parent", "parent_execution_id"),
         UniqueConstraint("agent_id", "idempotency_key"),
     )
 
@@ -116,6 +121,68 @@ class ExecutionRow(SQLModel, table=True):
     # The credential that created it: an API key's id, "bootstrap" or "dev". The key that created
     # an execution may not approve its steps.
     created_by: str | None = Field(default=None, sa_column=Column(String(36)))
+    # Sessions, sub-agents and forks (migration 004; docs/architecture.md).
+    session: str | None = Field(default=None, sa_column=Column(String(200)))
+    parent_execution_id: str | None = Field(default=None, sa_column=Column(String(36)))
+    spawned_step_id: str | None = Field(default=None, sa_column=Column(String(64)))
+    previous_execution_id: str | None = Field(default=None, sa_column=Column(String(36)))
+    state: str | None = _text()
+    forked_from: str | None = Field(default=None, sa_column=Column(String(36)))
+    fork_seq: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    fork_bundle_id: int | None = Field(default=None, sa_column=Column(Integer))
+    suspended: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=false()))
+
+
+class ForkBundleRow(SQLModel, table=True):
+    """A fork's own policy bundle: governs that execution in place of the agent's active one."""
+
+    __tablename__ = "fork_bundles"
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    agent_id: str = Field(sa_column=Column(String(200), nullable=False))
+    kind: str = Field(sa_column=Column(String(16), nullable=False))
+    revision: str = Field(sa_column=Column(String(200), nullable=False))
+    content: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: datetime = _ts()
+
+
+class ResourceRow(SQLModel, table=True):
+    """An external resource an execution registered (a sandbox, say): binding and checkpoint state."""
+
+    __tablename__ = "resources"
+
+    execution_id: str = Field(
+        sa_column=Column(String(36), ForeignKey("executions.id", ondelete="CASCADE"), primary_key=True)
+    )
+    key: str = Field(sa_column=Column(String(200), primary_key=True))
+    driver_id: str = Field(sa_column=Column(Text, nullable=False))
+    configuration: str | None = _text()
+    coverage_reuse: bool = Field(default=False, sa_column=Column(Boolean, nullable=False))
+    every_steps: int = Field(default=0, sa_column=Column(Integer, nullable=False))
+    on_completion: bool = Field(default=False, sa_column=Column(Boolean, nullable=False))
+    generation: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    binding: str | None = _text()
+    checkpoint_ref: str | None = _text()  # the restored-from (or latest captured) checkpoint
+    covered: bool = Field(default=False, sa_column=Column(Boolean, nullable=False))
+    steps_since_capture: int = Field(default=0, sa_column=Column(Integer, nullable=False))
+    created_at: datetime = _ts()
+
+
+class ResourceCheckpointRow(SQLModel, table=True):
+    """Every capture a resource recorded, with the event seq it covers (fork selection reads it)."""
+
+    __tablename__ = "resource_checkpoints"
+    __table_args__ = (Index("ix_resource_checkpoints_seq", "execution_id", "key", "event_seq"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    execution_id: str = Field(
+        sa_column=Column(String(36), ForeignKey("executions.id", ondelete="CASCADE"), nullable=False)
+    )
+    key: str = Field(sa_column=Column(String(200), nullable=False))
+    generation: int = Field(sa_column=Column(BigInteger, nullable=False))
+    checkpoint_ref: str = Field(sa_column=Column(Text, nullable=False))
+    event_seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    created_at: datetime = _ts()
 
 
 class EventRow(SQLModel, table=True):
@@ -295,5 +362,8 @@ dispatch_step_counters = DispatchStepCounterRow.__table__  # type: ignore[attr-d
 api_keys = ApiKeyRow.__table__  # type: ignore[attr-defined]
 decisions = DecisionRow.__table__  # type: ignore[attr-defined]
 schema_version = SchemaVersionRow.__table__  # type: ignore[attr-defined]
+fork_bundles = ForkBundleRow.__table__  # type: ignore[attr-defined]
+resources = ResourceRow.__table__  # type: ignore[attr-defined]
+resource_checkpoints = ResourceCheckpointRow.__table__  # type: ignore[attr-defined]
 
 metadata = SQLModel.metadata

@@ -209,9 +209,18 @@ def test_fail_execution_requires_a_string_error(server: ServerThread, running: R
     assert httpx.get(f"{server.url}/v0/executions/{eid}").json()["failure_reason"] == "tool_error: x"
 
 
-def test_unimplemented_sdk_extensions_are_404(server: ServerThread, running: Running, agent_client: AgentClient) -> None:
+def test_suspend_without_live_children_does_not_suspend(
+    server: ServerThread, running: Running, agent_client: AgentClient,
+) -> None:
     eid, did, att = running.start()
     r = agent_client.lease(did, att).request("POST", f"/v0/executions/{eid}/suspend", {})
+    assert r.status_code == 200 and r.json() == {"suspended": False}
+    assert "execution.suspended" not in [e["type"] for e in httpx.get(f"{server.url}/v0/executions/{eid}/events").json()]
+
+
+def test_unimplemented_sdk_extensions_are_404(server: ServerThread, running: Running, agent_client: AgentClient) -> None:
+    eid, did, att = running.start()
+    r = agent_client.lease(did, att).request("POST", f"/v0/executions/{eid}/resources/checkpoints", {})
     assert r.status_code == 404 and r.json()["code"] == "not_found"
 
 

@@ -27,7 +27,7 @@ class FixedPolicy:
         self.decision = decision
         self.inputs: list[PolicyInput] = []
 
-    def decide(self, inp: PolicyInput, tx: Any = None) -> Decision:
+    def decide(self, inp: PolicyInput, tx: Any = None, bundle_id: Any = None) -> Decision:
         self.inputs.append(inp)
         return self.decision
 

@@ -60,7 +60,7 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
 
 
 class AskEveryone:
-    def decide(self, inp: PolicyInput, tx: Any = None) -> Decision:
+    def decide(self, inp: PolicyInput, tx: Any = None, bundle_id: Any = None) -> Decision:
         return Decision(Verdict.REQUIRE_APPROVAL, "ask")
 
 

@@ -35,7 +35,7 @@ class FixedPolicy:
         self.decision = decision
         self.calls = 0
 
-    def decide(self, inp: PolicyInput, tx: Any = None) -> Decision:
+    def decide(self, inp: PolicyInput, tx: Any = None, bundle_id: Any = None) -> Decision:
         self.calls += 1
         return self.decision
 

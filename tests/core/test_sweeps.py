@@ -19,7 +19,7 @@ KEY = "regent_test_leader"
 
 
 class AskEveryone:
-    def decide(self, inp: PolicyInput, tx: Any = None) -> Decision:
+    def decide(self, inp: PolicyInput, tx: Any = None, bundle_id: Any = None) -> Decision:
         return Decision(Verdict.REQUIRE_APPROVAL, "ask", approval=ApprovalConfig(timeout_seconds=60))
 
 

@@ -147,7 +147,7 @@ def test_an_unusable_bundle_is_logged_as_an_eval_error(logged: tuple[Kernel, Pat
     k, path = logged
 
     class Broken:
-        def decide(self, inp: Any, tx: Any = None) -> Any:
+        def decide(self, inp: Any, tx: Any = None, bundle_id: Any = None) -> Any:
             from kernel.domain import Decision
 
             return Decision.bundle_error("policy_bundle_invalid")

@@ -55,7 +55,7 @@ def fake_upstream(calls: list[dict[str, Any]]) -> FastAPI:
 class ByModel:
     """A resolver deciding by the model name, so one execution can see every decision."""
 
-    def decide(self, inp: PolicyInput, tx: Any = None) -> Decision:
+    def decide(self, inp: PolicyInput, tx: Any = None, bundle_id: Any = None) -> Decision:
         if inp.target == "forbidden":
             return Decision(Verdict.DENY, "no-forbidden", reason="model_forbidden")
         if inp.target == "needs-approval":

@@ -38,7 +38,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.inputs: list[Any] = []
 
-    def decide(self, inp: Any, tx: Any = None) -> Any:
+    def decide(self, inp: Any, tx: Any = None, bundle_id: Any = None) -> Any:
         from kernel.domain import Decision
 
         self.inputs.append(inp.execution["input"])

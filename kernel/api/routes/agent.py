@@ -12,7 +12,7 @@ from starlette.responses import Response
 from kernel.api.body import Strict, _Number, dumps_lexical, parse_model
 from kernel.api.deps import auth_of, call, kernel_of, lease, uuid_param
 from kernel.api.render import JSONResponse, execution_json, step_json
-from kernel.core import executions, steps
+from kernel.core import executions, sessions, steps
 from kernel.domain import StepKind
 from kernel.errors import Forbidden, NotFound, ValidationError
 from kernel.identity import args_hash, canonical_json
@@ -54,7 +54,7 @@ class FailStepBody(Strict):
 
 class CompleteExecutionBody(Strict):
     output: Any = None
-    state: Any = None  # SDK extension (sessions): accepted, ignored
+    state: Any = None  # the session's next turn reads it (GET …/previous)
 
 
 class FailExecutionBody(Strict):
@@ -138,8 +138,18 @@ async def complete_execution(execution_id: str, request: Request) -> Response:
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(CompleteExecutionBody, a.body, allow_empty=True)
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
-    await call(executions.finish_execution, kernel_of(request), a.agent_id, eid, did, attempt, output=body.output)
+    await call(executions.finish_execution, kernel_of(request), a.agent_id, eid, did, attempt, output=body.output,
+               state=body.state)
     return Response(status_code=204)
+
+
+@router.post("/v0/executions/{execution_id}/suspend")
+async def suspend(execution_id: str, request: Request) -> Response:
+    a = await auth_of(request).agent(request)
+    eid = uuid_param(execution_id, "execution id")
+    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    suspended = await call(sessions.suspend, kernel_of(request), a.agent_id, eid, did, attempt)
+    return JSONResponse({"suspended": suspended})
 
 
 @router.post("/v0/executions/{execution_id}/fail")
@@ -170,7 +180,7 @@ async def put_metadata(agent_id: str, request: Request) -> Response:
 
 
 # Extensions the SDK can call but Regent does not implement yet: a clear 404 (sdk-contract.md).
-_EXTENSIONS = ("suspend", "resources", "resources/checkpoints", "previous", "fork")
+_EXTENSIONS = ("resources", "resources/checkpoints", "fork")
 
 
 def _not_implemented(name: str):  # type: ignore[no-untyped-def]
@@ -200,8 +210,15 @@ async def _reader(request: Request) -> str | None:
 async def get_execution(execution_id: str, request: Request) -> Response:
     agent_id = await _reader(request)
     eid = uuid_param(execution_id, "execution id")
-    e = await call(executions.get_execution, kernel_of(request), eid, agent_id)
-    return JSONResponse(execution_json(e))
+    e, children = await call(executions.get_execution_tree, kernel_of(request), eid, agent_id)
+    return JSONResponse(execution_json(e, children))
+
+
+@router.get("/v0/executions/{execution_id}/previous")
+async def previous(execution_id: str, request: Request) -> Response:
+    agent_id = await _reader(request)
+    eid = uuid_param(execution_id, "execution id")
+    return JSONResponse(await call(sessions.previous_state, kernel_of(request), eid, agent_id))
 
 
 @router.get("/v0/executions/{execution_id}/steps")

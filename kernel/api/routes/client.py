@@ -16,15 +16,41 @@ from kernel.errors import ValidationError
 router = APIRouter()
 
 
+class SpawnedBy(Strict):
+    execution_id: str
+    step_id: str
+
+
 class CreateExecutionBody(Strict):
     agent_id: str
     input: Any = None
     idempotency_key: str | None = None
-    # Sent by newer SDKs for sessions / sub-agents; accepted and ignored (docs/api.md).
-    session: Any = None
-    parent_execution_id: Any = None
-    spawned_by: Any = None
-    on_behalf_of: Any = None
+    session: str | None = None
+    parent_execution_id: str | None = None
+    spawned_by: SpawnedBy | None = None
+    on_behalf_of: Any = None  # sent by newer SDKs; accepted and ignored (docs/api.md)
+
+
+def lineage_of(body: CreateExecutionBody) -> executions.Lineage:
+    session = check_session(body.session)
+    parent = uuid_param(body.parent_execution_id, "parent_execution_id") if body.parent_execution_id else None
+    step = None
+    if body.spawned_by is not None:
+        by = uuid_param(body.spawned_by.execution_id, "spawned_by.execution_id")
+        if parent is not None and parent != by:
+            raise ValidationError("validation error: parent_execution_id and spawned_by.execution_id differ")
+        parent, step = by, body.spawned_by.step_id.lower()
+        if not (0 < len(step) <= 64 and all(ch in "0123456789abcdef" for ch in step)):
+            raise ValidationError("validation error: spawned_by.step_id must be a step id (hex)")
+    return executions.Lineage(session=session, parent_execution_id=parent, spawned_step_id=step)
+
+
+def check_session(session: str | None) -> str | None:
+    if session is None or session == "":
+        return None
+    if len(session) > 200 or not session.isprintable():
+        raise ValidationError("validation error: session must be 1-200 printable characters")
+    return session
 
 
 class DecideBody(Strict):
@@ -61,8 +87,8 @@ async def create_execution(request: Request) -> Response:
     if body.idempotency_key is not None and not 0 < len(body.idempotency_key) <= 200:
         raise ValidationError("validation error: idempotency_key must be 1-200 characters")
     e, created = await call(executions.create_execution, kernel_of(request), body.agent_id, body.input,
-                            body.idempotency_key)
-    return JSONResponse(execution_json(e), status_code=201 if created else 200)
+                            body.idempotency_key, lineage_of(body))
+    return JSONResponse(execution_json(e, []), status_code=201 if created else 200)
 
 
 @router.get("/v0/executions")
@@ -71,9 +97,11 @@ async def list_executions(request: Request) -> Response:
     q = request.query_params
     limit = _int_param(q.get("limit"), 50, "limit", lo=1, hi=200)
     cursor = uuid_param(q["cursor"], "cursor") if q.get("cursor") else None
-    rows, next_cursor = await call(executions.list_executions, kernel_of(request), q.get("agent_id"),
-                                   q.get("status"), cursor, limit)
-    out: dict[str, Any] = {"executions": [execution_json(e) for e in rows]}
+    parent = uuid_param(q["parent"], "parent") if q.get("parent") else None
+    rows, next_cursor, children = await call(
+        executions.list_executions, kernel_of(request), q.get("agent_id"), q.get("status"), cursor, limit,
+        check_session(q.get("session")), parent)
+    out: dict[str, Any] = {"executions": [execution_json(e, children.get(e.id, [])) for e in rows]}
     if next_cursor:
         out["next_cursor"] = next_cursor
     return JSONResponse(out)

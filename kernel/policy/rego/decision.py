@@ -37,7 +37,7 @@ _FIELDS = {"decision", "rule_id", "reason", "approval_config", "rate_limit", "bu
 _JUDGE_FIELDS = {"instructions", "threshold", "fallback"}
 _APPROVAL_FIELDS = {"approvers", "timeout", "message"}
 _RATE_FIELDS = {"max_calls", "window", "per_what", "max_wait", "on_limiter_error"}
-_BUDGET_FIELDS = {"max_tokens", "on_exceed"}
+_BUDGET_FIELDS = {"max_tokens", "on_exceed", "scope"}
 # Fixed ids that mean "no rule decided"; a rule claiming one would mislead audits and metrics.
 _RESERVED_RULE_IDS = {"eval-error", "bundle-error", "permissive"}
 
@@ -177,7 +177,7 @@ def _rate_limit(value: Any) -> RateLimitSpec:
     return RateLimitSpec(
         max_calls=_integer(v, "max_calls", "rate_limit"),
         window_seconds=_duration(v, "window", "rate_limit"),
-        per_what=_choice(v, "per_what", "rate_limit", ("execution", "agent", "global")),
+        per_what=_choice(v, "per_what", "rate_limit", ("execution", "agent", "global", "session")),
         max_wait_seconds=_duration(v, "max_wait", "rate_limit"),
         on_limiter_error=_choice(v, "on_limiter_error", "rate_limit", ("allow", "deny")),
     )
@@ -201,6 +201,7 @@ def _budget(value: Any) -> BudgetSpec:
     return BudgetSpec(
         max_tokens=_integer(v, "max_tokens", "budget"),
         on_exceed=_choice(v, "on_exceed", "budget", ("deny", "require_approval")),
+        scope=_choice(v, "scope", "budget", ("execution", "session")),
     )
 
 

@@ -19,4 +19,5 @@ def input_document(inp: PolicyInput) -> dict[str, Any]:
         "execution": dict(inp.execution),
         "usage": dict(inp.usage),
         "now": inp.now,
+        "session": inp.session,
     }

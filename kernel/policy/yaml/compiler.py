@@ -58,7 +58,7 @@ _PREDICATE_KEYS = frozenset(
 _MAX_NOT_DEPTH = 4
 _APPROVAL_KEYS = frozenset({"approvers", "timeout", "message"})
 _RATE_LIMIT_KEYS = frozenset({"max_calls", "window", "per_what", "max_wait", "on_limiter_error"})
-_BUDGET_KEYS = frozenset({"max_tokens", "on_exceed"})
+_BUDGET_KEYS = frozenset({"max_tokens", "on_exceed", "scope"})
 _JUDGE_KEYS = frozenset({"instructions", "threshold", "fallback"})
 
 _DECISIONS = ("allow", "deny", "require_approval", "judge")
@@ -373,7 +373,7 @@ def _compile_rate_limit(reader: BundleReader, node: Node) -> RateLimitSpec:
         elif key == "max_wait":
             max_wait = reader.duration(value, where)
         elif key == "per_what":
-            per_what = reader.word(value, where, ("execution", "agent", "global"))
+            per_what = reader.word(value, where, ("execution", "session", "agent", "global"))
         else:
             on_limiter_error = reader.word(value, where, ("allow", "deny"))
     return RateLimitSpec(
@@ -386,10 +386,12 @@ def _compile_rate_limit(reader: BundleReader, node: Node) -> RateLimitSpec:
 
 
 def _compile_budget(reader: BundleReader, node: Node) -> BudgetSpec:
-    max_tokens, on_exceed = 0, ""
+    max_tokens, on_exceed, scope = 0, "", ""
     for key, _, value in reader.mapping(node, _BUDGET_KEYS, "then.budget"):
         if key == "max_tokens":
             max_tokens = reader.integer(value, "then.budget.max_tokens")
+        elif key == "scope":
+            scope = reader.word(value, "then.budget.scope", ("execution", "session"))
         else:
             on_exceed = reader.word(value, "then.budget.on_exceed", ("deny", "require_approval"))
-    return BudgetSpec(max_tokens=max_tokens, on_exceed=on_exceed or "deny")
+    return BudgetSpec(max_tokens=max_tokens, on_exceed=on_exceed or "deny", scope=scope or "execution")

@@ -1,0 +1,133 @@
+"""Sessions and the sub-agent tree in the core, on SQLite and PostgreSQL: one running execution per
+session, admission in creation order, the previous turn's state, suspend/resume, cancel cascades."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel.core import executions, sessions, steps
+from kernel.core.dispatch import Claim, claim_due
+from kernel.core.executions import Lineage
+from kernel.core.kernel import Kernel
+from kernel.domain import ExecutionStatus
+from kernel.errors import ExecutionTerminal, NotFound
+from kernel.identity import args_hash
+from tests.conftest import Running
+
+_MISSING = "00000000-0000-7000-8000-000000000000"
+
+
+def _claim(k: Kernel, eid: str) -> Claim:
+    claims = [c for c in claim_due(k, 100) if c.execution_id == eid]
+    assert claims, f"no dispatch for {eid}"
+    return claims[0]
+
+
+def _status(k: Kernel, eid: str) -> ExecutionStatus:
+    return executions.get_execution(k, eid).status
+
+
+def _complete(k: Kernel, eid: str, output: object = None, state: object = None) -> None:
+    c = _claim(k, eid)
+    executions.finish_execution(k, "shell", eid, c.dispatch_id, c.attempt, output=output, state=state)
+
+
+def test_a_busy_session_queues_new_executions_pending_and_admits_them_in_order(running: Running) -> None:
+    k = running.kernel
+    ids = [executions.create_execution(k, "shell", i, lineage=Lineage(session="chat-1"))[0].id for i in range(4)]
+    assert [_status(k, e) for e in ids] == ["running", "pending", "pending", "pending"]
+    claims = claim_due(k, 100)
+    assert [c.execution_id for c in claims] == [ids[0]]  # pending ones have no dispatch
+    executions.finish_execution(k, "shell", ids[0], claims[0].dispatch_id, claims[0].attempt, output="one")
+    assert [_status(k, e) for e in ids] == ["completed", "running", "pending", "pending"]
+    executions.cancel_execution(k, ids[1])
+    assert [_status(k, e) for e in ids[2:]] == ["running", "pending"]
+
+
+def test_the_next_turn_reads_the_previous_state_or_else_its_output(running: Running) -> None:
+    k = running.kernel
+    lin = Lineage(session="chat-2")
+    a = executions.create_execution(k, "shell", "hi", lineage=lin)[0].id
+    b = executions.create_execution(k, "shell", "again", lineage=lin)[0].id
+    assert sessions.previous_state(k, a, "shell") == {"state": None}
+    _complete(k, a, output="out-a", state={"history": ["hi"]})
+    assert sessions.previous_state(k, b, "shell") == {"state": {"history": ["hi"]}, "execution_id": a}
+    _complete(k, b, output="out-b")
+    c = executions.create_execution(k, "shell", "third", lineage=lin)[0].id
+    assert sessions.previous_state(k, c, "shell") == {"state": "out-b", "execution_id": b}
+
+
+def test_different_sessions_run_at_once(running: Running) -> None:
+    k = running.kernel
+    a = executions.create_execution(k, "shell", None, lineage=Lineage(session="s-a"))[0].id
+    b = executions.create_execution(k, "shell", None, lineage=Lineage(session="s-b"))[0].id
+    assert _status(k, a) == _status(k, b) == "running"
+
+
+def test_a_stalled_session_is_admitted_by_the_repair_sweep(running: Running) -> None:
+    k = running.kernel
+    lin = Lineage(session="s-stall")
+    a = executions.create_execution(k, "shell", None, lineage=lin)[0].id
+    b = executions.create_execution(k, "shell", None, lineage=lin)[0].id
+    c = _claim(k, a)
+    with k.store.transaction(lock=a) as tx:  # the end without its follow-up (a crash in between)
+        tx.retire_dispatches(a, k.clock.now())
+        tx.append(a, k.clock.now(), [], status=ExecutionStatus.COMPLETED)
+    assert _status(k, b) == "pending" and c.attempt == 1
+    assert sessions.repair(k) == 1
+    assert _status(k, b) == "running"
+
+
+def _spawn_step(k: Kernel, parent: str, claim: Claim, name: str) -> str:
+    req = steps.StepRequest(kind="tool_call", target=name, args={}, args_text="{}", args_hash=args_hash("{}"))
+    ans = steps.submit_step(k, "shell", parent, claim.dispatch_id, claim.attempt, req)
+    assert ans.decision == "proceed"
+    return str(ans.step_id)
+
+
+def test_a_suspended_parent_resumes_when_its_children_end_with_their_outputs_on_its_steps(
+    running: Running,
+) -> None:
+    k = running.kernel
+    parent = executions.create_execution(k, "shell", None)[0].id
+    pc = _claim(k, parent)
+    kids = []
+    for i in range(3):
+        sid = _spawn_step(k, parent, pc, f"spawn-{i}")
+        kids.append((executions.create_execution(
+            k, "shell", i, lineage=Lineage(parent_execution_id=parent, spawned_step_id=sid))[0].id, sid))
+    assert sessions.suspend(k, "shell", parent, pc.dispatch_id, pc.attempt) is True
+    assert executions.get_execution(k, parent).suspended
+    leases = {c.execution_id: c for c in claim_due(k, 100)}
+    for i, (kid, _) in enumerate(kids):
+        executions.finish_execution(k, "shell", kid, leases[kid].dispatch_id, leases[kid].attempt, output=f"child-{i}")
+        if i < 2:
+            assert not [c for c in claim_due(k, 100) if c.execution_id == parent]  # still waiting
+    resumed = _claim(k, parent)
+    assert resumed.dispatch_id != pc.dispatch_id
+    for i, (_, sid) in enumerate(kids):
+        s = steps.get_step(k, parent, sid, None)
+        assert (s.status, s.result) == ("succeeded", f"child-{i}")
+    e, children = executions.get_execution_tree(k, parent)
+    assert not e.suspended and children == [kid for kid, _ in kids]
+
+
+def test_cancelling_a_parent_cancels_its_children_and_theirs(running: Running) -> None:
+    k = running.kernel
+    parent = executions.create_execution(k, "shell", None)[0].id
+    child = executions.create_execution(k, "shell", None, lineage=Lineage(parent_execution_id=parent))[0].id
+    grandchild = executions.create_execution(k, "shell", None, lineage=Lineage(parent_execution_id=child))[0].id
+    executions.cancel_execution(k, parent)
+    for eid in (parent, child, grandchild):
+        assert _status(k, eid) == "cancelled"
+    assert executions.get_execution(k, grandchild).failure_reason == "parent_cancelled"
+
+
+def test_a_child_of_a_missing_or_ended_parent_is_refused(running: Running) -> None:
+    k = running.kernel
+    with pytest.raises(NotFound):
+        executions.create_execution(k, "shell", None, lineage=Lineage(parent_execution_id=_MISSING))
+    done = executions.create_execution(k, "shell", None)[0].id
+    executions.cancel_execution(k, done)
+    with pytest.raises(ExecutionTerminal):
+        executions.create_execution(k, "shell", None, lineage=Lineage(parent_execution_id=done))

@@ -1,0 +1,126 @@
+"""Sessions and sub-agents end to end: a real `regent dev`, official-SDK agents
+(tests/e2e/session_agent.py) on loopback, the official SDK `Client` creating the executions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rebuno
+
+from tests.e2e.conftest import DevKernel, dev_kernel_for, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+AGENT = Path(__file__).with_name("session_agent.py")
+MODES = {"chat": "chat", "boss": "orchestrator", "kid": "child", "steps": "steps"}
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevKernel]:
+    tmp = tmp_path_factory.mktemp("sessions")
+    with dev_kernel_for(tuple(MODES), tmp) as k:
+        for agent_id, mode in MODES.items():
+            k.agent(agent_id, script=AGENT, MODE=mode)
+        yield k
+
+
+def _sdk(k: DevKernel, fn: Any) -> Any:
+    async def run() -> Any:
+        async with rebuno.Client(base_url=k.url) as client:
+            return await fn(client)
+
+    return asyncio.run(run())
+
+
+def test_a_three_turn_chat_session_runs_one_turn_at_a_time_and_each_sees_the_previous_state(
+    kernel: DevKernel,
+) -> None:
+    async def create(client: rebuno.Client) -> list[rebuno.Execution]:
+        return [await client.create("chat", f"msg-{i}", session="conv-1") for i in range(3)]
+
+    turns = _sdk(kernel, create)
+    assert [t.session for t in turns] == ["conv-1"] * 3
+    assert [t.status for t in turns][1:] == ["pending", "pending"]  # queued behind the first
+    done = [kernel.api.wait_status(t.id, "completed") for t in turns]
+    assert [d["output"] for d in done] == [
+        {"turn": 1, "seen": []},
+        {"turn": 2, "seen": ["msg-0"]},
+        {"turn": 3, "seen": ["msg-0", "msg-1"]},
+    ]
+    assert [d.get("previous_execution_id") for d in done] == [None, turns[0].id, turns[1].id]
+    # Never two at once: each turn started after the one before it completed.
+    started = [next(e for e in kernel.api.events(t.id) if e["type"] == "execution.started") for t in turns]
+    ended = [next(e for e in kernel.api.events(t.id) if e["type"] == "execution.completed") for t in turns]
+    for i in (1, 2):
+        assert started[i]["occurred_at"] >= ended[i - 1]["occurred_at"]
+    listed = kernel.api.http.get("/v0/executions", params={"session": "conv-1"}).json()["executions"]
+    assert [e["id"] for e in listed] == [t.id for t in reversed(turns)]
+
+
+def test_a_parent_spawns_three_children_suspends_and_resumes_with_their_outputs(kernel: DevKernel) -> None:
+    async def create(client: rebuno.Client) -> rebuno.Execution:
+        return await client.create("boss", {"children": 3, "child_agent": "kid"})
+
+    boss = _sdk(kernel, create)
+    done = kernel.api.wait_status(boss.id, "completed", "failed", timeout=60)
+    assert done["status"] == "completed", done
+    assert done["output"] == {"children": [{"echo": {"i": i}} for i in range(3)]}
+    assert len(done["children"]) == 3
+    kids = [kernel.api.get(c) for c in done["children"]]
+    assert {k["status"] for k in kids} == {"completed"}
+    assert {k["parent_execution_id"] for k in kids} == {boss.id}
+    types = kernel.api.types(boss.id)
+    assert "execution.suspended" in types and "execution.resumed" in types
+    # Each spawn body ran once: the rerun replayed the children's outcomes.
+    boss_agent = next(a for a in kernel.agents if a.port == kernel.ports["boss"])
+    spawns = [line for line in boss_agent.effect_lines() if line.startswith(boss.id)]
+    assert sorted(s.split()[1] for s in spawns) == ["spawn-0", "spawn-1", "spawn-2"]
+
+
+def test_cancelling_a_waiting_parent_cancels_its_children(kernel: DevKernel) -> None:
+    async def create(client: rebuno.Client) -> rebuno.Execution:
+        return await client.create("boss", {"children": 3, "child_agent": "kid", "child": {"sleep": -1}})
+
+    boss = _sdk(kernel, create)
+    e = wait_for(lambda: (x := kernel.api.get(boss.id)).get("suspended") and len(x["children"]) == 3 and x,
+                 "the parent to suspend with three children", timeout=30)
+    _sdk(kernel, lambda client: client.cancel(boss.id))
+    for c in e["children"]:
+        kid = kernel.api.wait_status(c, "cancelled", timeout=10)
+        assert kid["failure_reason"] == "parent_cancelled"
+    assert kernel.api.get(boss.id)["status"] == "cancelled"
+
+
+SESSION_LIMIT = """
+default_action: allow
+rules:
+  - id: per-session
+    when: {target: "step-*"}
+    then:
+      decision: allow
+      rate_limit: {max_calls: 3, window: 1m, per_what: session}
+"""
+
+
+def test_a_session_rate_limit_is_shared_by_the_executions_of_the_session(kernel: DevKernel) -> None:
+    r = kernel.api.http.post("/v0/policies/steps", json={"bundle": SESSION_LIMIT})
+    assert r.status_code == 204, r.text
+
+    async def create(client: rebuno.Client) -> list[rebuno.Execution]:
+        return [await client.create("steps", {"steps": 2}, session="rl-session") for _ in range(2)] + [
+            await client.create("steps", {"steps": 2}, session="other-session")]
+
+    a, b, other = _sdk(kernel, create)
+    finals = [kernel.api.wait_status(x.id, "completed", "failed", timeout=30) for x in (a, b, other)]
+    # Two calls in the first execution, one more in the second, then the session's bucket is empty.
+    assert finals[0]["status"] == "completed" and finals[0]["output"] == {"results": ["did 0", "did 1"]}
+    assert finals[1]["status"] == "failed" and finals[1]["failure_reason"].startswith("rate_limit_exceeded")
+    assert [s["target"] for s in kernel.api.steps(b.id)] == ["step-0"]
+    # Another session has a bucket of its own.
+    assert finals[2]["status"] == "completed", finals[2]
+    r = kernel.api.http.post("/v0/policies/steps", json={"bundle": ""})
+    assert r.status_code == 204, r.text
