@@ -247,7 +247,7 @@ LOAD_ERRORS = [
     (
         "per-what",
         _rule(then="{decision: allow, rate_limit: {max_calls: 1, window: 1m, per_what: user}}"),
-        'line 3: rule "r": then.rate_limit.per_what must be one of execution, agent, global; got "user"',
+        'line 3: rule "r": then.rate_limit.per_what must be one of execution, session, agent, global; got "user"',
     ),
     (
         "on-limiter-error",

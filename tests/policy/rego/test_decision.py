@@ -332,6 +332,7 @@ def test_input_document_has_the_spec_shape() -> None:
         },
         usage={"input_tokens": 812, "output_tokens": 96},
         now="2026-12-02T19:00:00Z",
+        session="chat-42",
     )
     assert input_document(inp) == {
         "agent_id": "shell",
@@ -347,4 +348,5 @@ def test_input_document_has_the_spec_shape() -> None:
         },
         "usage": {"input_tokens": 812, "output_tokens": 96},
         "now": "2026-12-02T19:00:00Z",
+        "session": "chat-42",
     }
