@@ -169,3 +169,50 @@ def test_version_2_database_migrates_to_the_audit_schema_and_backfills_bundle_ha
         assert tx.active_policy_ref("a").content_hash == hashes[2]
         assert tx.policy_revision_by_hash("a", hashes[1]).seq == 1
         assert tx.list_decisions({}, since=None, until=None, before=None, limit=10) == []
+
+
+_SESSION_COLUMNS = ["session", "parent_execution_id", "spawned_step_id", "previous_execution_id", "state",
+                    "forked_from", "fork_seq", "fork_bundle_id", "suspended"]
+
+
+def _at_version_3(store: SqlStore) -> str:
+    """The schema as version 3 left it: no session, tree or fork columns, no fork bundles or
+    resources; one execution written then. Returns its id."""
+    migrate(store)
+    eid = new_uuid7()
+    with store.engine.begin() as c:
+        c.execute(text("DROP INDEX ix_executions_session"))
+        c.execute(text("DROP INDEX ix_executions_parent"))
+        for table in ("resource_checkpoints", "resources", "fork_bundles"):
+            c.execute(text(f"DROP TABLE {table}"))
+        for col in _SESSION_COLUMNS:
+            c.execute(text(f"ALTER TABLE executions DROP COLUMN {col}"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 3))
+        at = T0.replace(tzinfo=None) if store.dialect == "sqlite" else T0
+        c.execute(text(
+            "INSERT INTO agents (id, webhook_url, secret, registered_at) VALUES ('old', 'http://127.0.0.1:9/h', 's', :t)"
+        ), {"t": at})
+        c.execute(text(
+            "INSERT INTO executions (id, agent_id, input, status, last_event_seq, usage_input, usage_output,"
+            " created_at, updated_at) VALUES (:id, 'old', 'null', 'running', 0, 0, 0, :t, :t)"
+        ), {"id": eid, "t": at})
+        assert current_version(c) == 3
+    return eid
+
+
+def test_version_3_database_migrates_to_sessions_and_old_executions_read_with_defaults(empty_store: SqlStore) -> None:
+    from sqlalchemy import inspect
+
+    store = empty_store
+    eid = _at_version_3(store)
+    assert [m.version for m in migrate(store)] == list(range(4, LATEST + 1))
+    with store.engine.connect() as c:
+        insp = inspect(c)
+        assert set(_SESSION_COLUMNS) <= {col["name"] for col in insp.get_columns("executions")}
+        assert {"ix_executions_session", "ix_executions_parent"} <= {i["name"] for i in insp.get_indexes("executions")}
+        assert all(insp.has_table(name) for name in ("fork_bundles", "resources", "resource_checkpoints"))
+    with store.read() as tx:
+        e = tx.get_execution(eid)
+        assert e is not None
+        assert (e.session, e.parent_execution_id, e.fork_seq, e.suspended, e.state) == (None, None, 0, False, None)
+        assert not tx.session_occupied("any") and tx.children(eid) == []
