@@ -10,11 +10,12 @@ from kernel.domain.decision import (
     PolicyInput,
     RateLimitSpec,
     Verdict,
+    resolve_judge,
 )
 from kernel.domain.dispatch import Dispatch, DispatchStatus
 from kernel.domain.event import Event, EventType
 from kernel.domain.execution import Execution, ExecutionStatus
-from kernel.domain.judge import JudgeAnswer, JudgeSpec, resolve_judge
+from kernel.domain.judge import JudgeAnswer, JudgeSpec
 from kernel.domain.step import Idempotency, Step, StepKind, StepStatus
 
 __all__ = [

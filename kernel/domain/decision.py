@@ -3,11 +3,12 @@ engine decided (approvals, rate limits, budgets, replay, events and tests read o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from kernel.domain.judge import JudgeSpec
+from kernel.domain.judge import DEFAULT_THRESHOLD, OUTCOMES, JudgeAnswer, JudgeSpec
 
 
 class Verdict(StrEnum):
@@ -89,3 +90,38 @@ class Decision:
     @classmethod
     def bundle_error(cls, reason: str, kind: PolicyKind = PolicyKind.NONE, revision: str = "") -> Decision:
         return cls(Verdict.DENY, "bundle-error", reason, policy_kind=kind, policy_revision=revision)
+
+
+def resolve_judge(d: Decision, answer: JudgeAnswer) -> Decision:
+    """The final Decision of a judge rule given the judge's answer (`d.judge` must be set)."""
+    spec = d.judge
+    assert spec is not None, "resolve_judge needs a judge decision"
+    threshold = spec.threshold or DEFAULT_THRESHOLD
+    record: dict[str, Any] = {
+        "instructions": spec.instructions,
+        "threshold": threshold,
+        "fallback": spec.fallback,
+        "latency_ms": round(answer.latency_ms, 1),
+    }
+    if answer.request is not None:
+        record["request"] = dict(answer.request)
+    verdict: Verdict
+    if not answer.configured:
+        verdict, reason = Verdict.DENY, "judge not configured"
+    elif answer.probabilities is None:
+        verdict, reason = Verdict(spec.fallback), f"judge unavailable: {answer.error}"
+        record["error"] = answer.error
+    else:
+        probs = answer.probabilities
+        record["probabilities"] = dict(probs)
+        top, p = OUTCOMES[0], -1.0
+        for outcome in OUTCOMES:
+            if probs.get(outcome, 0.0) > p:
+                top, p = outcome, probs.get(outcome, 0.0)
+        if p < threshold:
+            verdict = Verdict(spec.fallback)
+            reason = f"judge: {top} {p:.2f} below threshold {threshold:.2f}"
+        else:
+            verdict, reason = Verdict(top), f"judge: {top} {p:.2f}"
+    record["outcome"] = verdict.value
+    return dataclasses.replace(d, verdict=verdict, reason=reason, judge=None, judge_record=record)
