@@ -171,6 +171,21 @@ def default_core_threads(dialect: str) -> int:
     return 1 if dialect == "sqlite" else 4
 
 
+def shadow_runner(settings: Settings, kernel: Kernel) -> Any:
+    """Shadow bundles' evaluator (kernel/shadow.py), on Rego workers of its own, started now and
+    set as the kernel's shadow observer. A worker is never waited for: none idle is a fault."""
+    from kernel.policy.resolver import LazyRegoEngine
+    from kernel.policy.shadow import ShadowBundles
+    from kernel.shadow import ShadowRunner
+
+    rego = LazyRegoEngine(size=settings.shadow_rego_workers, timeout=settings.rego_timeout, acquire_timeout=0.05)
+    runner = ShadowRunner(kernel, ShadowBundles(kernel.store, rego), queue_size=settings.shadow_queue_size,
+                          flush_interval=settings.shadow_flush_interval)
+    runner.start()
+    kernel.shadow = runner
+    return runner
+
+
 def build_runtime(settings: Settings) -> Runtime:
     from kernel.api.app import create_app
 
@@ -201,10 +216,12 @@ def build_runtime(settings: Settings) -> Runtime:
     )
     extra: dict[str, Any] = {"decision_log": decision_log} if decision_log is not None else {}
     kernel = build_kernel(settings, store, policy=resolver, limiter=limiter, judge=judge, **extra)
+    shadows = shadow_runner(settings, kernel)
     if manifest is not None:
         try:
             provision(kernel, manifest)
         except BaseException:
+            shadows.close()
             limiter.close()
             store.close()
             raise
@@ -226,4 +243,4 @@ def build_runtime(settings: Settings) -> Runtime:
 
         app.state.metrics_registry.register(DecisionLogCollector(decision_log))
     app.state.stream_keepalive_seconds = settings.stream_keepalive_seconds
-    return Runtime(settings, store, kernel, app, closers=[limiter.close, resolver.close], manifest=manifest)
+    return Runtime(settings, store, kernel, app, closers=[limiter.close, resolver.close, shadows.close], manifest=manifest)

@@ -64,6 +64,7 @@ _DURATIONS = (
     "bundle_timeout",
     "judge_timeout",
     "judge_breaker_reset",
+    "shadow_flush_interval",
 )
 
 
@@ -121,6 +122,12 @@ class Settings(BaseSettings):
     # Policy
     rego_timeout: float = 0.25
     rego_workers: int = 2
+    # Shadow bundles (docs/policy-rollout.md): Rego workers of their own, so a slow or crashing
+    # shadow never takes a worker from the active bundles; a bounded queue (full: counted as
+    # dropped); how often tallies and disagreements are written.
+    shadow_rego_workers: int = Field(default=1, ge=1, le=16)
+    shadow_queue_size: int = Field(default=10_000, ge=1)
+    shadow_flush_interval: float = 0.5
 
     # Rate limits
     rate_limit_storage: str = "memory://"

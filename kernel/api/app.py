@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from kernel.api import errors
 from kernel.api.auth import Authenticator
 from kernel.api.metrics import ApiMetrics
-from kernel.api.routes import admin, agent, audit, client, ops, policies, stream
+from kernel.api.routes import admin, agent, audit, client, ops, policies, shadow, stream
 from kernel.core.kernel import Kernel
 
 
@@ -56,7 +56,8 @@ def create_app(
     # keeps each router nested and matches every request against it twice (measured: a third of
     # the framework's per-request cost on a step round trip). No two routes overlap, so the order
     # decides nothing but speed.
-    for r in (agent.router, stream.router, client.router, admin.router, policies.router, audit.router, ops.router):
+    for r in (agent.router, stream.router, client.router, admin.router, policies.router, audit.router,
+              shadow.router, ops.router):
         app.router.routes.extend(r.routes)
     from kernel import console
 

@@ -16,8 +16,10 @@ from kernel.core.ports import (
     NoDecisionLog,
     NoJudge,
     NoLimiter,
+    NoShadow,
     PermissiveResolver,
     PolicyResolver,
+    ShadowObserver,
 )
 from kernel.store import SqlStore
 
@@ -67,6 +69,7 @@ class Kernel:
     policy: PolicyResolver = field(default_factory=PermissiveResolver)
     limiter: Limiter = field(default_factory=NoLimiter)
     judge: Judge = field(default_factory=NoJudge)
+    shadow: ShadowObserver = field(default_factory=NoShadow)
     replica_id: str = "regent"
     dispatch_max_attempts: int = 5
     dispatch_base_delay: float = 1.0

@@ -11,6 +11,18 @@ from kernel.errors import NotFound, ValidationError
 
 
 @dataclass(frozen=True, slots=True)
+class Actor:
+    """Who changed an agent's policy, for the audit trail: the API key's name, else the credential
+    (`bootstrap` token, anonymous `dev` access, the provisioning `manifest`)."""
+
+    name: str | None = None
+    credential: str = "bootstrap"
+
+
+MANIFEST = Actor(None, "manifest")
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyRevision:
     agent_id: str
     seq: int
@@ -40,21 +52,29 @@ def rego_content(mapping_or_bundle: Any) -> str:
                       sort_keys=True, ensure_ascii=False)
 
 
-def store_policy(k: Kernel, agent_id: str, kind: str, content: str) -> PolicyRevision | None:
-    """Validate and store a new active revision. Empty YAML text clears the policy (permissive)."""
+def store_policy(k: Kernel, agent_id: str, kind: str, content: str,
+                 actor: Actor | None = None) -> PolicyRevision | None:
+    """Validate and store a new active revision. Empty YAML text clears the policy (permissive).
+    Each change of the active revision is an audit event (`policy.activated`, `policy.cleared`)."""
+    who = actor or Actor()
     with k.store.read() as tx:
         if tx.get_agent(agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
+    now = k.clock.now()
     if kind == "yaml" and content == "":
-        with k.store.transaction() as tx:
-            tx.clear_policy(agent_id)
+        with k.store.transaction(lock=f"policy:{agent_id}") as tx:
+            if tx.active_policy(agent_id) is not None:
+                tx.clear_policy(agent_id)
+                tx.add_policy_event(agent_id, "policy.cleared", now, actor=who.name, credential=who.credential)
         return None
     revision = k.policy.check(kind, content)  # the active revision keeps deciding if this fails
-    with k.store.transaction() as tx:
+    with k.store.transaction(lock=f"policy:{agent_id}") as tx:
         active = tx.active_policy(agent_id)
         if active is not None and active.kind == kind and active.content == content:
             return _to_revision(active)  # same bundle again: no new revision
-        seq = tx.add_policy_revision(agent_id, kind, revision, content, k.clock.now())
+        seq = tx.add_policy_revision(agent_id, kind, revision, content, now)
+        tx.add_policy_event(agent_id, "policy.activated", now, actor=who.name, credential=who.credential,
+                            seq=seq, payload={"kind": kind, "revision": revision})
         return _to_revision(next(r for r in tx.list_policy_revisions(agent_id) if r.seq == seq))
 
 
@@ -90,9 +110,12 @@ def revision_by_hash(k: Kernel, agent_id: str, policy_hash: str) -> PolicyRevisi
     return _to_revision(row)
 
 
-def activate_revision(k: Kernel, agent_id: str, seq: int) -> None:
-    with k.store.transaction() as tx:
+def activate_revision(k: Kernel, agent_id: str, seq: int, actor: Actor | None = None) -> None:
+    who = actor or Actor()
+    with k.store.transaction(lock=f"policy:{agent_id}") as tx:
         if tx.get_agent(agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
         if not tx.activate_policy_revision(agent_id, seq):
             raise NotFound(f"agent {agent_id!r} has no revision {seq}")
+        tx.add_policy_event(agent_id, "policy.activated", k.clock.now(), actor=who.name,
+                            credential=who.credential, seq=seq)

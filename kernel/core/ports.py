@@ -1,4 +1,5 @@
-"""The seams the core sees: the policy resolver, the rate limiter and the judge, as small Protocols.
+"""The seams the core sees: the policy resolver, the rate limiter, the judge and the shadow
+observer, as small Protocols.
 
 The store is `kernel.store.SqlStore` (one implementation per dialect behind one class); the app
 factory is the one place that picks concrete classes.
@@ -7,6 +8,7 @@ factory is the one place that picks concrete classes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from kernel.domain import Decision, JudgeAnswer, JudgeSpec, PolicyInput, RateLimitSpec
@@ -49,11 +51,65 @@ class LimitOutcome:
 class Limiter(Protocol):
     def hit(self, key: str, spec: RateLimitSpec) -> LimitOutcome: ...
 
+    def peek(self, key: str, spec: RateLimitSpec) -> LimitOutcome:
+        """Would a call be admitted now? Consumes nothing (the shadow bundle's view)."""
+        ...
+
 
 class NoLimiter:
     def hit(self, key: str, spec: RateLimitSpec) -> LimitOutcome:
         return LimitOutcome(admitted=True)
 
+    def peek(self, key: str, spec: RateLimitSpec) -> LimitOutcome:
+        return LimitOutcome(admitted=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowObservation:
+    """One step the active bundle decided, handed to the shadow once the answer has committed."""
+
+    execution_id: str
+    step_id: str
+    observed_at: datetime  # the step's `now`
+    inp: PolicyInput  # exactly what the active bundle saw (same now, usage, execution)
+    active: Decision  # as the active bundle returned it
+    outcome: str  # what the agent was answered: allow | deny | require_approval | rate_limited
+    limit_key: str | None = None  # the bucket the active decision's rate limit hit, if any
+    limit: LimitOutcome | None = None  # and what the limiter said
+
+
+class ShadowObserver(Protocol):
+    """Evaluates an agent's shadow bundle beside the active one; never decides, never blocks."""
+
+    def wants(self, agent_id: str) -> bool:
+        """Cheap (an in-memory lookup): does this agent have a shadow being evaluated?"""
+        ...
+
+    def observe(self, obs: ShadowObservation) -> None:
+        """Queue one observation; returns at once (a full queue drops it and counts the drop)."""
+        ...
+
+    def reload(self) -> None:
+        """Re-read which agents have a shadow (after this replica changed one)."""
+        ...
+
+    def backlog(self) -> int:
+        """Observations queued or judged but not yet recorded, in this process."""
+        ...
+
+
+class NoShadow:
+    def wants(self, agent_id: str) -> bool:
+        return False
+
+    def observe(self, obs: ShadowObservation) -> None:
+        return None
+
+    def reload(self) -> None:
+        return None
+
+    def backlog(self) -> int:
+        return 0
 
 class DecisionLog(Protocol):
     """Where the core hands decision-log entries once their transaction has committed

@@ -15,6 +15,7 @@ from kernel.core.decisions import policy_record
 from kernel.core.dispatch import check_attempt, park_until
 from kernel.core.executions import load_owned, owned
 from kernel.core.kernel import Kernel
+from kernel.core.ports import LimitOutcome, ShadowObservation
 from kernel.core.usage import parse_usage
 from kernel.domain import (
     Approval,
@@ -112,13 +113,31 @@ def submit_step(
     """Replay or decide one step. A judge rule's first pass raises JudgeNeeded; the second pass
     takes the judge's answer by rule id in `judged` (a rule other than the one asked about, say
     after a bundle change in between, is resolved as if the judge were unavailable)."""
+    # The shadow bundle is evaluated after the answer has committed, off this thread: here it
+    # costs one dict lookup, and a queue put for the steps the active bundle decided.
+    seen = _Seen() if k.shadow.wants(agent_id) else None
     with dlog.collect(k):  # decision-log entries leave only once the transaction has committed
-        return _submit_step(k, agent_id, execution_id, dispatch_id, attempt, req, judged)
+        answer = _submit_step(k, agent_id, execution_id, dispatch_id, attempt, req, judged, seen)
+    if seen is not None and seen.observation is not None:
+        k.shadow.observe(seen.observation)
+    return answer
+
+
+class _Seen:
+    """What the shadow needs of a decided step, filled in while the step is decided."""
+
+    __slots__ = ("limit", "limit_key", "observation")
+
+    def __init__(self) -> None:
+        self.observation: ShadowObservation | None = None
+        self.limit_key: str | None = None
+        self.limit: LimitOutcome | None = None
 
 
 def _submit_step(
     k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest,
     judged: Mapping[str, JudgeAnswer] | None,
+    seen: _Seen | None,
 ) -> StepAnswer:
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
@@ -136,7 +155,7 @@ def _submit_step(
         elif e.status == ExecutionStatus.BLOCKED:
             return StepAnswer("execution_blocked")
         else:
-            answer = _decide_new(k, tx, e, sid, occurrence, req, dispatch_id, attempt, now, judged)
+            answer = _decide_new(k, tx, e, sid, occurrence, req, dispatch_id, attempt, now, judged, seen)
             if not answer.recorded:
                 return answer
         tx.advance_counter(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
@@ -179,6 +198,7 @@ def _answer_existing(tx: Tx, s: Step, req: StepRequest, now: datetime) -> StepAn
 def _decide_new(
     k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest,
     dispatch_id: str, attempt: int, now: datetime, judged: Mapping[str, JudgeAnswer] | None,
+    seen: _Seen | None = None,
 ) -> StepAnswer:
     usage_in, usage_out = e.usage_input, e.usage_output  # read with the row, under the lock
     inp = PolicyInput(
@@ -208,16 +228,22 @@ def _decide_new(
         decision = k.policy.decide(inp, tx=tx, bundle_id=e.fork_bundle_id)
         if decision.judge is not None:
             decision = _judged(decision, inp, judged)
-        limited = _apply_rate_limit(k, tx, e, sid, req, decision, dispatch_id, attempt, now)
+        limited = _apply_rate_limit(k, tx, e, sid, req, decision, dispatch_id, attempt, now, seen)
         if limited is not None:
             dlog.note_step(k, e, sid, inp, decision, EventType.STEP_RATE_LIMITED.value, now,
                            outcome=limited.decision, reason=limited.reason)
+            if seen is not None:
+                seen.observation = ShadowObservation(e.id, sid, now, inp, decision, "rate_limited",
+                                                     seen.limit_key, seen.limit)
             return limited
         spend = usage_in + usage_out
         if decision.budget is not None and decision.budget.scope == "session" and e.session is not None:
             spend = sum(tx.session_usage(e.session))
-        decision = _apply_budget(decision, spend)
-        decision = _gate_fork_effect(e, req, decision)
+        final = _gate_fork_effect(e, req, _apply_budget(decision, spend))
+        if seen is not None:
+            seen.observation = ShadowObservation(e.id, sid, now, inp, decision, final.verdict.value,
+                                                 seen.limit_key, seen.limit)
+        decision = final
     _renew(tx, dispatch_id, e.id, attempt, now)
     answer = _record(k, tx, e, sid, occurrence, req, decision, now)
     dlog.note_step(k, e, sid, inp, decision, _DECISION_EVENTS[decision.verdict].value, now)
@@ -241,12 +267,15 @@ def _judged(d: Decision, inp: PolicyInput, judged: Mapping[str, JudgeAnswer] | N
 
 def _apply_rate_limit(
     k: Kernel, tx: Tx, e: Execution, sid: str, req: StepRequest, d: Decision,
-    dispatch_id: str, attempt: int, now: datetime,
+    dispatch_id: str, attempt: int, now: datetime, seen: _Seen | None = None,
 ) -> StepAnswer | None:
     spec = d.rate_limit
     if spec is None or not spec.active:
         return None
-    outcome = k.limiter.hit(bucket_key(d.rule_id, spec.per_what, e), spec)
+    key = bucket_key(d.rule_id, spec.per_what, e)
+    outcome = k.limiter.hit(key, spec)
+    if seen is not None:
+        seen.limit_key, seen.limit = key, outcome
     if outcome.error is not None:
         if spec.on_limiter_error == "deny":
             return _refuse(k, tx, e, sid, req, d, "rate_limiter_unavailable", dispatch_id, attempt, now)

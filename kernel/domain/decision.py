@@ -125,3 +125,13 @@ def resolve_judge(d: Decision, answer: JudgeAnswer) -> Decision:
             verdict, reason = Verdict(top), f"judge: {top} {p:.2f}"
     record["outcome"] = verdict.value
     return dataclasses.replace(d, verdict=verdict, reason=reason, judge=None, judge_record=record)
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowRef:
+    """An agent's shadow (candidate) bundle being evaluated, without its content."""
+
+    id: int
+    agent_id: str
+    kind: str
+    revision: str

@@ -128,6 +128,25 @@ class LimitsLimiter:
         stats = await self._strategy.get_window_stats(item, key)
         return LimitOutcome(admitted=False, wait_seconds=max(stats.reset_time - time.time(), _MIN_WAIT_SECONDS))
 
+    def peek(self, key: str, spec: RateLimitSpec) -> LimitOutcome:
+        """Would `hit` admit a call now? Consumes nothing (a shadow bundle's rate limit)."""
+        if not spec.active:
+            return LimitOutcome(admitted=True)
+        if self._closed:
+            return LimitOutcome(admitted=False, error="rate limiter is closed")
+        try:
+            return self._run(self._peek(key, rate_limit_item(spec, self.namespace)), self.timeout_seconds)
+        except concurrent.futures.TimeoutError:
+            return LimitOutcome(admitted=False, error=f"rate limiter timed out after {self.timeout_seconds:g}s")
+        except Exception as exc:
+            return LimitOutcome(admitted=False, error=f"{type(exc).__name__}: {exc}")
+
+    async def _peek(self, key: str, item: RateLimitItemPerSecond) -> LimitOutcome:
+        if await self._strategy.test(item, key):
+            return LimitOutcome(admitted=True)
+        stats = await self._strategy.get_window_stats(item, key)
+        return LimitOutcome(admitted=False, wait_seconds=max(stats.reset_time - time.time(), _MIN_WAIT_SECONDS))
+
     def clear(self, key: str, spec: RateLimitSpec) -> None:
         """Forget one bucket (tests and operators); raises on storage faults."""
         self._run(self._strategy.clear(rate_limit_item(spec, self.namespace), key), self.timeout_seconds)

@@ -153,11 +153,20 @@ def _sessions_and_forks(conn: Connection) -> None:
     t.metadata.create_all(conn, tables=[t.fork_bundles, t.resources, t.resource_checkpoints])
 
 
+def _shadow_bundles(conn: Connection) -> None:
+    # 005: shadow (candidate) bundles, their tallies and disagreements, and the policy audit trail
+    # (docs/policy-rollout.md). New tables only; 001 does not create them, so a fresh database
+    # gets them here too.
+    for table in (t.policy_shadows, t.shadow_tallies, t.shadow_disagreements, t.policy_events):
+        table.create(conn, checkfirst=True)
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
     Migration(3, "audit: decisions, approval context, bundle hashes, key metadata", _audit),
     Migration(4, "sessions, sub-agents, forks and resources", _sessions_and_forks),
+    Migration(5, "shadow bundles and the policy audit trail", _shadow_bundles),
 ]
 LATEST = MIGRATIONS[-1].version
 

@@ -29,6 +29,7 @@ from kernel.store.dialect import Dialect
 from kernel.store.sql_audit import AuditQueries, content_hash, decision_params
 from kernel.store.sql_dispatch import DispatchQueries
 from kernel.store.sql_session import SessionQueries
+from kernel.store.sql_shadow import ShadowQueries
 from kernel.store.statements import (
     ACTIVE_POLICY_REF,
     ADD_USAGE,
@@ -60,7 +61,7 @@ from kernel.store.statements import (
 )
 
 
-class Tx(DispatchQueries, AuditQueries, SessionQueries):
+class Tx(DispatchQueries, AuditQueries, SessionQueries, ShadowQueries):
     """One open transaction. Every method is a single round trip or a small batch."""
 
     def __init__(self, store: Dialect, conn: Connection, escalate: Callable[[], Connection] | None = None,

@@ -344,6 +344,85 @@ class DecisionRow(SQLModel, table=True):
     decided_at: datetime = _ts()
 
 
+class PolicyShadowRow(SQLModel, table=True):
+    """A candidate (shadow) bundle, evaluated beside the active one without deciding anything.
+    Rows are kept when the shadow ends (promoted, cleared, replaced), so a report stays readable."""
+
+    __tablename__ = "policy_shadows"
+    __table_args__ = (Index("ix_policy_shadows_agent", "agent_id", "status"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    agent_id: str = Field(
+        sa_column=Column(String(200), ForeignKey("agents.id", ondelete="CASCADE"), nullable=False)
+    )
+    kind: str = Field(sa_column=Column(String(16), nullable=False))  # yaml | rego
+    revision: str = Field(sa_column=Column(String(200), nullable=False))
+    content: str = Field(sa_column=Column(Text, nullable=False))
+    status: str = Field(sa_column=Column(String(16), nullable=False))  # shadowing | promoted | cleared | replaced
+    created_at: datetime = _ts()
+    created_by: str | None = _text()
+    ended_at: datetime | None = _ts(nullable=True)
+    last_error: str | None = _text()  # the latest shadow fault's reason
+
+
+class ShadowTallyRow(SQLModel, table=True):
+    """Counts per shadow and (outcome, active decision, shadow decision); agreement is only counted."""
+
+    __tablename__ = "shadow_tallies"
+
+    shadow_id: int = Field(
+        sa_column=Column(Integer, ForeignKey("policy_shadows.id", ondelete="CASCADE"), primary_key=True)
+    )
+    outcome: str = Field(sa_column=Column(String(16), primary_key=True))  # agreed | disagreed | error | dropped
+    active_decision: str = Field(sa_column=Column(String(32), primary_key=True))
+    shadow_decision: str = Field(sa_column=Column(String(32), primary_key=True))  # errors: the fault class
+    count: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+
+
+class ShadowDisagreementRow(SQLModel, table=True):
+    """One step on which the shadow and the active bundle differed (decision or rule id)."""
+
+    __tablename__ = "shadow_disagreements"
+    __table_args__ = (Index("ix_shadow_disagreements_shadow", "shadow_id", "id"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    shadow_id: int = Field(
+        sa_column=Column(Integer, ForeignKey("policy_shadows.id", ondelete="CASCADE"), nullable=False)
+    )
+    agent_id: str = Field(sa_column=Column(String(200), nullable=False))
+    execution_id: str = Field(sa_column=Column(String(36), nullable=False))
+    step_id: str = Field(sa_column=Column(String(64), nullable=False))
+    kind: str = Field(sa_column=Column(Text, nullable=False))
+    target: str = Field(sa_column=Column(Text, nullable=False))
+    active_decision: str = Field(sa_column=Column(String(32), nullable=False))
+    active_rule_id: str = Field(sa_column=Column(Text, nullable=False))
+    active_reason: str | None = _text()
+    active_revision: str | None = _text()
+    shadow_decision: str = Field(sa_column=Column(String(32), nullable=False))
+    shadow_rule_id: str = Field(sa_column=Column(Text, nullable=False))
+    shadow_reason: str | None = _text()
+    shadow_revision: str | None = _text()
+    occurred_at: datetime = _ts()
+
+
+class PolicyEventRow(SQLModel, table=True):
+    """The agent's policy audit trail: activations, shadows set and cleared, promotions,
+    rollbacks, each with the acting identity. Rollback reads the activations from it."""
+
+    __tablename__ = "policy_events"
+    __table_args__ = (Index("ix_policy_events_agent", "agent_id", "id"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    agent_id: str = Field(sa_column=Column(String(200), nullable=False))
+    type: str = Field(sa_column=Column(String(40), nullable=False))
+    seq: int | None = Field(default=None, sa_column=Column(Integer))  # the revision made active, if any
+    shadow_id: int | None = Field(default=None, sa_column=Column(Integer))
+    actor: str | None = _text()
+    credential: str | None = Field(default=None, sa_column=Column(String(16)))
+    payload: str = Field(sa_column=Column(Text, nullable=False))
+    occurred_at: datetime = _ts()
+
+
 class SchemaVersionRow(SQLModel, table=True):
     __tablename__ = "regent_schema_version"
 
@@ -361,6 +440,10 @@ dispatches = DispatchRow.__table__  # type: ignore[attr-defined]
 dispatch_step_counters = DispatchStepCounterRow.__table__  # type: ignore[attr-defined]
 api_keys = ApiKeyRow.__table__  # type: ignore[attr-defined]
 decisions = DecisionRow.__table__  # type: ignore[attr-defined]
+policy_shadows = PolicyShadowRow.__table__  # type: ignore[attr-defined]
+shadow_tallies = ShadowTallyRow.__table__  # type: ignore[attr-defined]
+shadow_disagreements = ShadowDisagreementRow.__table__  # type: ignore[attr-defined]
+policy_events = PolicyEventRow.__table__  # type: ignore[attr-defined]
 schema_version = SchemaVersionRow.__table__  # type: ignore[attr-defined]
 fork_bundles = ForkBundleRow.__table__  # type: ignore[attr-defined]
 resources = ResourceRow.__table__  # type: ignore[attr-defined]

@@ -216,3 +216,32 @@ def test_version_3_database_migrates_to_sessions_and_old_executions_read_with_de
         assert e is not None
         assert (e.session, e.parent_execution_id, e.fork_seq, e.suspended, e.state) == (None, None, 0, False, None)
         assert not tx.session_occupied("any") and tx.children(eid) == []
+
+
+_SHADOW_TABLES = ("policy_shadows", "shadow_tallies", "shadow_disagreements", "policy_events")
+
+
+def test_version_4_database_migrates_and_gets_the_shadow_tables(empty_store: SqlStore) -> None:
+    from sqlalchemy import inspect
+
+    store = empty_store
+    migrate(store)
+    with store.engine.begin() as c:
+        for name in reversed(_SHADOW_TABLES):
+            c.execute(text(f"DROP TABLE {name}"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 4))
+    with store.transaction() as tx:
+        tx.upsert_agent(Agent(id="a", webhook_url="http://127.0.0.1:9/h", secret="s", registered_at=T0))
+    assert [m.version for m in migrate(store)][:1] == [5]
+    with store.engine.connect() as c:
+        names = set(inspect(c).get_table_names())
+        assert set(_SHADOW_TABLES) <= names
+        assert "ix_shadow_disagreements_shadow" in {i["name"] for i in inspect(c).get_indexes("shadow_disagreements")}
+    with store.transaction(lock="shadow:1") as tx:  # the new tables take rows
+        sid = tx.add_shadow("a", "yaml", "r1", "rules: []\n", T0, "alice")
+        tx.add_shadow_tallies(sid, {("agreed", "allow", "allow"): 2})
+        tx.add_shadow_tallies(sid, {("agreed", "allow", "allow"): 3})
+        tx.add_policy_event("a", "policy.shadow_set", T0, actor="alice", credential="api_key", shadow_id=sid)
+    with store.read() as tx:
+        assert [tuple(r) for r in tx.shadow_tallies(sid)] == [("agreed", "allow", "allow", 5)]
+        assert [r.type for r in tx.policy_events("a", 10)] == ["policy.shadow_set"]

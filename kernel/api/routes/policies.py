@@ -15,7 +15,8 @@ from kernel.api.render import JSONResponse
 from kernel.api.routes.client import _body
 from kernel.clock import rfc3339
 from kernel.core import policies, policy_test
-from kernel.core.policies import PolicyRevision
+from kernel.core.approvals import Principal
+from kernel.core.policies import Actor, PolicyRevision
 from kernel.core.policy_test import Candidate
 from kernel.errors import ValidationError
 from kernel.policy.replay import result_json
@@ -50,27 +51,38 @@ def _json(r: PolicyRevision, with_content: bool = True) -> dict[str, Any]:
     return out
 
 
-@router.post("/v0/policies/{agent_id}")
-async def store_policy(agent_id: str, request: Request) -> Response:
-    await call(auth_of(request).principal, request, "policies:write")
+async def bundle_of(request: Request) -> tuple[str, str]:
+    """(kind, stored content) of a bundle upload: a JSON body {bundle, kind} or a Rego .tar.gz."""
     raw = await _body(request)
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype in _TARBALL_TYPES:
         from kernel.policy.rego import parse_rego_tarball
 
-        kind, content = "rego", await call(lambda: _rego_content(parse_rego_tarball(raw, origin="upload")))
-    else:
-        body = parse_model(StoreBody, raw, allow_empty=True)
-        kind = body.kind
-        if isinstance(body.bundle, dict):
-            if kind != "rego":
-                raise ValidationError('validation error: an object bundle needs "kind": "rego"')
-            content = _rego_content(body.bundle)
-        elif kind == "rego":
-            raise ValidationError("validation error: a Rego bundle is an object {modules, data, manifest} or a .tar.gz upload")
-        else:
-            content = body.bundle
-    await call(policies.store_policy, kernel_of(request), agent_id, kind, content)
+        return "rego", await call(lambda: _rego_content(parse_rego_tarball(raw, origin="upload")))
+    body = parse_model(StoreBody, raw, allow_empty=True)
+    if isinstance(body.bundle, dict):
+        if body.kind != "rego":
+            raise ValidationError('validation error: an object bundle needs "kind": "rego"')
+        return body.kind, _rego_content(body.bundle)
+    if body.kind == "rego":
+        raise ValidationError("validation error: a Rego bundle is an object {modules, data, manifest} or a .tar.gz upload")
+    return body.kind, body.bundle
+
+
+def actor_of(request: Request, principal: Principal) -> Actor:
+    """Who is acting, for the policy audit trail."""
+    if principal.name:
+        return Actor(principal.name, "api_key")
+    if "authorization" not in request.headers:
+        return Actor(None, "dev")
+    return Actor(None, "bootstrap")
+
+
+@router.post("/v0/policies/{agent_id}")
+async def store_policy(agent_id: str, request: Request) -> Response:
+    principal = await call(auth_of(request).principal, request, "policies:write")
+    kind, content = await bundle_of(request)
+    await call(policies.store_policy, kernel_of(request), agent_id, kind, content, actor_of(request, principal))
     return Response(status_code=204)
 
 
@@ -98,8 +110,8 @@ async def get_revision(agent_id: str, policy_hash: str, request: Request) -> Res
 
 @router.post("/v0/policies/{agent_id}/revisions/{seq}/activate")
 async def activate(agent_id: str, seq: int, request: Request) -> Response:
-    await call(auth_of(request).principal, request, "policies:write")
-    await call(policies.activate_revision, kernel_of(request), agent_id, seq)
+    principal = await call(auth_of(request).principal, request, "policies:write")
+    await call(policies.activate_revision, kernel_of(request), agent_id, seq, actor_of(request, principal))
     return Response(status_code=204)
 
 

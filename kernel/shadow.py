@@ -1,0 +1,167 @@
+"""The shadow runner: judges observed steps against each agent's shadow bundle on a thread of its
+own, after the answers have gone out, and writes the tallies and disagreements in batches.
+
+The step path only does `wants` (a dict lookup) and `observe` (a non-blocking queue put). Nothing
+here holds a transaction open while a shadow evaluates: judging happens outside the store, and
+each flush is one short write per shadow.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+from kernel.core import shadow as core
+from kernel.core.kernel import Kernel
+from kernel.core.ports import ShadowObservation
+from kernel.core.shadow import Batch, Judgement, ShadowPolicy
+from kernel.domain.decision import ShadowRef
+
+log = logging.getLogger("kernel.shadow")
+
+_BATCH = 256  # observations taken off the queue per pass
+
+
+class ShadowRunner:
+    """Implements the core's `ShadowObserver`."""
+
+    def __init__(self, kernel: Kernel, policy: ShadowPolicy, *, queue_size: int = 10_000,
+                 flush_interval: float = 0.5, refresh_interval: float = 1.0):
+        self.kernel = kernel
+        self.policy = policy
+        self.flush_interval = flush_interval
+        self.refresh_interval = refresh_interval
+        self._queue: queue.Queue[ShadowObservation] = queue.Queue(maxsize=queue_size)
+        self._refs: dict[str, ShadowRef] = {}
+        self._lock = threading.Lock()
+        self._dropped: dict[int, Batch] = {}
+        self._unflushed = 0  # judged (or in hand), not yet written
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.judged = 0
+        self.dropped = 0
+        self.faults = 0
+
+    # -- ShadowObserver ---------------------------------------------------------------------
+    def wants(self, agent_id: str) -> bool:
+        return agent_id in self._refs
+
+    def observe(self, obs: ShadowObservation) -> None:
+        try:
+            self._queue.put_nowait(obs)
+        except queue.Full:
+            ref = self._refs.get(obs.inp.agent_id)
+            if ref is not None:
+                with self._lock:
+                    self._dropped.setdefault(ref.id, Batch()).drop(obs.outcome)
+                    self.dropped += 1
+
+    def reload(self) -> None:
+        try:
+            refs = core.shadowing_refs(self.kernel)
+        except Exception:
+            log.exception("could not read the shadow bundles; keeping the previous list")
+            return
+        self._refs = {r.agent_id: r for r in refs}
+        forget = getattr(self.policy, "forget_except", None)
+        if forget is not None:
+            forget({r.id for r in refs})
+
+    def backlog(self) -> int:
+        return self._queue.qsize() + self._unflushed
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        self.reload()
+        self._thread = threading.Thread(target=self._run, name="regent-shadow", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop after judging what is queued (within `timeout`) and writing it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        close = getattr(self.policy, "close", None)
+        if close is not None:
+            close()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until everything observed so far is recorded (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while self.backlog() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.backlog() == 0
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        batches: dict[int, Batch] = {}
+        last_flush = last_refresh = time.monotonic()
+        while True:
+            stopping = self._stop.is_set()
+            items = self._take(0.0 if stopping else 0.05)
+            for obs in items:
+                j = self._judge(obs)
+                if j is not None:
+                    batches.setdefault(j.ref.id, Batch()).add(j)
+            now = time.monotonic()
+            with self._lock:
+                self._unflushed = sum(len(b) for b in batches.values())
+            idle = self._queue.qsize() == 0
+            # Under load, one write per shadow every flush_interval; when the queue runs dry, sooner.
+            due = now - last_flush >= (self.flush_interval / 5 if idle else self.flush_interval)
+            if batches and (stopping or due):
+                self._flush(batches)
+                batches = {}
+                last_flush = now
+            if now - last_refresh >= self.refresh_interval:
+                self.reload()
+                last_refresh = now
+            if stopping and not items:
+                self._flush(batches)
+                return
+
+    def _take(self, wait: float) -> list[ShadowObservation]:
+        try:
+            first = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+        except queue.Empty:
+            return []
+        items = [first]
+        while len(items) < _BATCH:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        with self._lock:
+            self._unflushed += len(items)
+        return items
+
+    def _judge(self, obs: ShadowObservation) -> Judgement | None:
+        ref = self._refs.get(obs.inp.agent_id)
+        if ref is None:
+            return None  # the shadow was cleared or promoted meanwhile
+        try:
+            j = core.judge(self.kernel, self.policy, ref, obs)
+        except Exception as exc:  # never lose the thread to one step
+            log.exception("shadow judgement failed (agent %s, step %s)", ref.agent_id, obs.step_id)
+            j = Judgement(obs, ref, None, "eval-error", f"{type(exc).__name__}: {exc}")
+        self.judged += 1
+        if j.error is not None:
+            self.faults += 1
+        return j
+
+    def _flush(self, batches: dict[int, Batch]) -> None:
+        with self._lock:
+            dropped, self._dropped = self._dropped, {}
+        for sid, b in dropped.items():
+            mine = batches.setdefault(sid, Batch())
+            for key, n in b.tallies.items():
+                mine.tallies[key] = mine.tallies.get(key, 0) + n
+        try:
+            core.record(self.kernel, batches)
+        except Exception:
+            n = sum(len(b) for b in batches.values())
+            log.exception("could not record %d shadow judgements; they are lost", n)
+        with self._lock:
+            self._unflushed = 0
