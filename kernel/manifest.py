@@ -24,7 +24,7 @@ from kernel.errors import ValidationError as FieldError
 log = logging.getLogger("kernel.manifest")
 
 _AGENT_KEYS = ("id", "webhook_url", "secret", "lease_timeout_seconds", "policy", "policy_file", "judge_provider",
-               "bundle")
+               "bundle", "shadow_policy", "shadow_policy_file")
 # `bundle:` pulls the agent's bundle from a bundle server (docs/policy-rollout.md).
 _BUNDLE_KEYS = ("url", "resource", "min_delay_seconds", "max_delay_seconds", "verification_key", "key_id",
                 "algorithm", "scope")
@@ -62,10 +62,16 @@ class ManifestAgent:
     policy_file: Path | None = None  # absolute path
     judge_provider: Path | None = None  # this agent's judge provider file (docs/judge.md)
     bundle: ManifestBundle | None = None
+    shadow_policy: str | None = None  # a shadow (candidate) bundle, inline
+    shadow_policy_file: Path | None = None
 
     @property
     def policy_source(self) -> PolicySource | None:
         return self.policy_file if self.policy_file is not None else self.policy
+
+    @property
+    def shadow_source(self) -> PolicySource | None:
+        return self.shadow_policy_file if self.shadow_policy_file is not None else self.shadow_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +210,16 @@ class _Parser:
         if bundle is not None and (policy is not None or policy_file is not None):
             raise self.fail(fields["bundle"], f"agent {agent_id!r}: `bundle` and `policy`/`policy_file` are "
                             "mutually exclusive (the bundle server decides the agent's bundle)")
+        if "shadow_policy" in fields and "shadow_policy_file" in fields:
+            raise self.fail(fields["shadow_policy_file"],
+                            f"agent {agent_id!r}: `shadow_policy` and `shadow_policy_file` are mutually exclusive")
+        shadow = self.inline_policy(fields["shadow_policy"], agent_id, "shadow_policy") if "shadow_policy" in fields else None
+        shadow_file = (self.file_path(fields["shadow_policy_file"], "shadow_policy_file", f"agent {agent_id!r}")
+                       if "shadow_policy_file" in fields else None)
         return ManifestAgent(id=agent_id, webhook_url=webhook_url, secret=secret, line=node.start_mark.line + 1,
                              lease_timeout_seconds=lease, policy=policy, policy_file=policy_file,
-                             judge_provider=judge, bundle=bundle)
+                             judge_provider=judge, bundle=bundle, shadow_policy=shadow,
+                             shadow_policy_file=shadow_file)
 
     def bundle(self, node: Node, agent_id: str) -> ManifestBundle:
         fields = self.mapping(node, f"agent {agent_id!r} bundle", allowed=_BUNDLE_KEYS)
@@ -246,18 +259,18 @@ class _Parser:
             )
         return value or None
 
-    def inline_policy(self, node: Node, agent_id: str) -> str:
+    def inline_policy(self, node: Node, agent_id: str, key: str = "policy") -> str:
         if isinstance(node, ScalarNode):
-            value = self.scalar(node, "policy")
+            value = self.scalar(node, key)
             if not isinstance(value, str):
-                raise self.fail(node, f"agent {agent_id!r}: `policy` must be bundle text or a mapping")
+                raise self.fail(node, f"agent {agent_id!r}: `{key}` must be bundle text or a mapping")
             return value
         if isinstance(node, MappingNode):
             # An inline bundle: keep its own text (comments, order) so its revision hash is stable.
             line_start = self.text.rfind("\n", 0, node.start_mark.index) + 1
             pad = " " * (node.start_mark.index - line_start)
             return textwrap.dedent(pad + self.text[node.start_mark.index:node.end_mark.index]).rstrip() + "\n"
-        raise self.fail(node, f"agent {agent_id!r}: `policy` must be bundle text or a mapping")
+        raise self.fail(node, f"agent {agent_id!r}: `{key}` must be bundle text or a mapping")
 
     def policy_path(self, node: Node, agent_id: str) -> Path:
         return self.file_path(node, "policy_file", f"agent {agent_id!r}")
@@ -288,24 +301,30 @@ def policy_content(source: PolicySource) -> tuple[str, str]:
 
 
 def provision(k: Kernel, manifest: Manifest, apply: PolicyHook | None = None) -> list[ManifestAgent]:
-    """Upsert every listed agent (its stored policy kept), then store each bundle (compiled first:
-    a bundle that does not compile fails the boot naming the manifest and the agent)."""
-    from kernel.core.policies import store_policy
+    """Upsert every listed agent (its stored policy kept), then store each bundle and shadow bundle
+    (compiled first: a bundle that does not compile fails the boot naming the manifest and the
+    agent). The same shadow again keeps its tallies; no `shadow_policy` leaves any shadow alone."""
+    from kernel.core.policies import MANIFEST, store_policy
+    from kernel.core.shadow import store_shadow
     from kernel.errors import ValidationError
 
     for a in manifest.agents:
         register_agent(k, a.id, a.webhook_url, a.secret, a.lease_timeout_seconds, keep_policy=True)
-        source = a.policy_source
-        if source is None:
-            continue
-        if apply is not None:
-            apply(a.id, source)
-            continue
-        try:
-            kind, content = policy_content(source)
-            store_policy(k, a.id, kind, content)
-        except (ValidationError, OSError) as exc:
-            where = f"{source}" if isinstance(source, Path) else "inline policy"
-            raise ConfigError(f"{manifest.path}: agent {a.id!r}: {where}: "
-                              f"{getattr(exc, 'message', exc)}") from None
+        for source, shadow in ((a.policy_source, False), (a.shadow_source, True)):
+            if source is None:
+                continue
+            if apply is not None:
+                if not shadow:
+                    apply(a.id, source)
+                continue
+            try:
+                kind, content = policy_content(source)
+                if shadow:
+                    store_shadow(k, a.id, kind, content, MANIFEST)
+                else:
+                    store_policy(k, a.id, kind, content, MANIFEST)
+            except (ValidationError, OSError) as exc:
+                where = f"{source}" if isinstance(source, Path) else f"inline {'shadow_policy' if shadow else 'policy'}"
+                raise ConfigError(f"{manifest.path}: agent {a.id!r}: {where}: "
+                                  f"{getattr(exc, 'message', exc)}") from None
     return list(manifest.agents)

@@ -256,3 +256,6 @@ def add_commands(sub: Any) -> None:
     e.add_argument("--strict", action="store_true", help="Rego: strict builtin errors")
     e.add_argument("-v", "--verbose", action="store_true", help="show the engine's log lines")
     e.set_defaults(fn=cmd_eval)
+    from kernel.cli.shadow import add_shadow_commands
+
+    add_shadow_commands(ps)

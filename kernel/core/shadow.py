@@ -57,9 +57,13 @@ def _known_agent(tx: Any, agent_id: str) -> None:
 
 def store_shadow(k: Kernel, agent_id: str, kind: str, content: str, actor: Actor) -> Shadow:
     """Validate (the load gate of `POST /v0/policies/{agent_id}`) and store the agent's shadow,
-    replacing any other; its tallies start at zero."""
+    replacing any other; its tallies start at zero. The same bundle again keeps the shadow (and
+    its tallies) as it is."""
     with k.store.read() as tx:
         _known_agent(tx, agent_id)
+        same = tx.current_shadow(agent_id)
+    if same is not None and same.kind == kind and same.content == content:
+        return _shadow(same)
     if kind == "yaml" and not content.strip():
         raise ValidationError("validation error: a shadow bundle cannot be empty (DELETE the shadow to stop it)")
     revision = k.policy.check(kind, content)
