@@ -43,6 +43,10 @@ from bench.scenarios import (
     Target,
 )
 from bench.servers import DEFAULT_PG_URL, pg_scratch, pg_version, serve_bare, serve_kernel
+from bench.shadow import NAME as SHADOW_NAME
+from bench.shadow import SHADOW
+
+SCENARIOS = [*SCENARIOS, SHADOW]  # bench/shadow.py builds on the scenario types
 
 SCENARIOS = [*SCENARIOS, CONSOLE]
 
@@ -228,6 +232,9 @@ def ratios(p: Profile) -> list[Ratio]:
         Ratio("PostgreSQL / SQLite, throughput sequential", (seq, "postgres"), (seq, "sqlite"), "throughput", ""),
         Ratio(f"PostgreSQL / bare ceiling, throughput at {p.concurrency} workers", (conc, "postgres"),
               (conc, "bare"), "throughput", ""),
+        *[Ratio(f"active p99 with a crashing shadow / without, {db}", (f"{SHADOW_NAME}, with a crashing shadow", t),
+                (f"{SHADOW_NAME}, active only", t), "p99", "≤ 1.2×", as_percent=False)
+          for t, db in (("sqlite", "SQLite"), ("postgres", "PostgreSQL"))],
     ]
 
 

@@ -1,5 +1,6 @@
 """Policies: per agent, the active bundle's source with line numbers, its revision history with a
-diff between two revisions, re-activation, and upload through the load gate."""
+diff between two revisions, re-activation, upload through the load gate, and the shadow bundle's
+report (docs/policy-rollout.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from starlette.responses import Response
 
 from kernel.api.threads import call
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, redirect, require, viewer
-from kernel.core import agents, policies
+from kernel.core import agents, policies, shadow
 from kernel.core.policies import PolicyRevision
 from kernel.errors import NotFound, ValidationError
 
@@ -68,7 +69,14 @@ def _overview(k: Any, agent_id: str | None) -> dict[str, Any]:
         raise NotFound(f"agent {chosen!r} not found")
     revisions = policies.list_revisions(k, chosen) if chosen else []
     active = next((r for r in revisions if r.active), None)
-    return {"agents": known, "agent_id": chosen, "revisions": list(reversed(revisions)), "active": active}
+    report = None
+    if chosen is not None:
+        try:
+            report = shadow.shadow_report(k, chosen, samples=10, top=5)
+        except NotFound:
+            report = None  # no shadow was ever set for this agent
+    return {"agents": known, "agent_id": chosen, "revisions": list(reversed(revisions)), "active": active,
+            "shadow": report}
 
 
 async def _page(request: Request, agent_id: str | None, status: int = 200, **extra: Any) -> Response:

@@ -287,3 +287,31 @@ def test_a_rego_bundle_shows_every_module_data_json_and_the_manifest_with_line_n
     assert first.first.inner_text() == (d / "policy.rego").read_text().splitlines()[0]
     assert "console-1" in page.locator("dl.facts").inner_text()
     assert "not-shown-anywhere" not in page.content()
+
+
+SHADOW_CANDIDATE = """default_action: deny
+rules:
+  - id: no-listing
+    when: {target: shell_exec}
+    then: {decision: deny, reason: listing is off in the candidate}
+"""
+
+
+def test_policies_page_shows_the_shadow_report_with_links_to_the_disagreeing_steps(
+    ck: ConsoleKernel, page: Any
+) -> None:
+    r = ck.api.http.put("/v0/policies/ops/shadow", json={"bundle": SHADOW_CANDIDATE})
+    assert r.status_code == 200, r.text
+    try:
+        eid = ck.run("ops", [LS], "completed")  # the active bundle allows it; the shadow would deny
+        wait_for(lambda: ck.api.http.get("/v0/policies/ops/shadow/report").json()["totals"]["evaluated"] >= 1,
+                 "the shadow judgement", timeout=20)
+        page.goto(f"{ck.url}/console/policies?agent_id=ops")
+        card = page.locator("#shadow-report")
+        card.wait_for()
+        assert "allow→deny" in card.inner_text() and "no-listing" in card.inner_text()
+        link = page.locator("#shadow-samples a").first
+        assert link.get_attribute("href") == f"/console/executions/{eid}"
+        shot(page, "policies-shadow")
+    finally:
+        assert ck.api.http.delete("/v0/policies/ops/shadow").status_code == 204
