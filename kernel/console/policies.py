@@ -17,7 +17,7 @@ from starlette.responses import Response
 from kernel.api.threads import call
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, redirect, require, viewer
 from kernel.core import agents, policies, shadow
-from kernel.core.policies import PolicyRevision
+from kernel.core.policies import Actor, PolicyRevision
 from kernel.errors import NotFound, ValidationError
 
 router = APIRouter(route_class=ConsoleRoute)
@@ -104,16 +104,23 @@ async def _page(request: Request, agent_id: str | None, status: int = 200, **ext
                 compare=(q.get("from", ""), q.get("to", "")), notice=notice, **ctx, **extra)
 
 
+def _actor(v: Any) -> Actor:
+    """The policy audit trail's actor for a console visitor."""
+    return Actor(v.principal.name, v.principal.credential.value)
+
+
 @router.get("/console/policies")
 async def policies_page(request: Request) -> Response:
     return await _page(request, request.query_params.get("agent_id") or None)
 
 
-def _upload(k: Any, agent_id: str, kind: str, text: str, raw: bytes | None, filename: str) -> PolicyRevision | None:
+def _upload(k: Any, agent_id: str, kind: str, text: str, raw: bytes | None, filename: str,
+            actor: Actor | None = None) -> PolicyRevision | None:
     if raw is not None and (filename.endswith((".tar.gz", ".tgz", ".tar")) or raw[:2] == b"\x1f\x8b"):
         from kernel.policy.rego import parse_rego_tarball
 
-        return policies.store_policy(k, agent_id, "rego", policies.rego_content(parse_rego_tarball(raw, origin=filename)))
+        return policies.store_policy(k, agent_id, "rego", policies.rego_content(parse_rego_tarball(raw, origin=filename)),
+                                     actor)
     if raw is not None:
         try:
             text = raw.decode("utf-8")
@@ -123,7 +130,7 @@ def _upload(k: Any, agent_id: str, kind: str, text: str, raw: bytes | None, file
         raise ValidationError("validation error: a Rego bundle is uploaded as a .tar.gz file")
     if not text.strip():
         raise ValidationError("validation error: the bundle is empty (paste YAML or choose a file)")
-    return policies.store_policy(k, agent_id, "yaml", text)
+    return policies.store_policy(k, agent_id, "yaml", text, actor)
 
 
 @router.post("/console/policies/{agent_id}")
@@ -137,7 +144,8 @@ async def upload(agent_id: str, request: Request) -> Response:
     if isinstance(upload_file, UploadFile) and upload_file.filename:
         raw, filename = await upload_file.read(), upload_file.filename
     try:
-        r = await call(_upload, kernel_of(request), agent_id, str(fields.get("kind") or "yaml"), text, raw, filename)
+        r = await call(_upload, kernel_of(request), agent_id, str(fields.get("kind") or "yaml"), text, raw, filename,
+                       _actor(v))
     except ValidationError as exc:
         return await _page(request, agent_id, status=400, errors=gate_errors(exc.message, filename),
                            draft=text if raw is None else "")
@@ -150,5 +158,5 @@ async def activate(agent_id: str, seq: int, request: Request) -> Response:
     v = await viewer(request)
     await form(request, v)
     require(v, "policies:write")
-    await call(policies.activate_revision, kernel_of(request), agent_id, seq)
+    await call(policies.activate_revision, kernel_of(request), agent_id, seq, _actor(v))
     return redirect(request, f"/console/policies?agent_id={agent_id}&activated={seq}")

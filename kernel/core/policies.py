@@ -12,8 +12,9 @@ from kernel.errors import NotFound, ValidationError
 
 @dataclass(frozen=True, slots=True)
 class Actor:
-    """Who changed an agent's policy, for the audit trail: the API key's name, else the credential
-    (`bootstrap` token, anonymous `dev` access, the provisioning `manifest`)."""
+    """Who changed an agent's policy, for the audit trail: the API key's name (credential `key`),
+    else only the credential (`bootstrap` token, anonymous `dev` access, the provisioning
+    `manifest`)."""
 
     name: str | None = None
     credential: str = "bootstrap"

@@ -110,7 +110,7 @@ def sk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShadowKernel]:
     manifest.write_text("\n".join(lines) + "\n")
     # The shadow's Rego timeout is the engine's: 1 s, so the crash is a crash even on a busy machine.
     proc = KernelProc("dev", free_port(), f"sqlite:///{tmp}/regent.db", manifest, tmp / "kernel.out",
-                      E2E_SECRET=SECRET, REGENT_REGO_TIMEOUT="1s", **DEV_KERNEL_ENV)
+                      E2E_SECRET=SECRET, REGENT_REGO_TIMEOUT="1s", ready_timeout=60, **DEV_KERNEL_ENV)
     k = ShadowKernel(proc, ports, tmp)
     try:
         for agent_id in AGENTS:

@@ -70,12 +70,8 @@ async def bundle_of(request: Request) -> tuple[str, str]:
 
 
 def actor_of(request: Request, principal: Principal) -> Actor:
-    """Who is acting, for the policy audit trail."""
-    if principal.name:
-        return Actor(principal.name, "api_key")
-    if "authorization" not in request.headers:
-        return Actor(None, "dev")
-    return Actor(None, "bootstrap")
+    """Who is acting, for the policy audit trail: the key's name and the credential."""
+    return Actor(principal.name, principal.credential.value)
 
 
 @router.post("/v0/policies/{agent_id}")
