@@ -37,7 +37,7 @@ class ShadowRunner:
         self._refs: dict[str, ShadowRef] = {}
         self._lock = threading.Lock()
         self._dropped: dict[int, Batch] = {}
-        self._unflushed = 0  # judged (or in hand), not yet written
+        self._outstanding = 0  # observed and queued, not yet written (or skipped)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.judged = 0
@@ -49,12 +49,15 @@ class ShadowRunner:
         return agent_id in self._refs
 
     def observe(self, obs: ShadowObservation) -> None:
+        with self._lock:
+            self._outstanding += 1
         try:
             self._queue.put_nowait(obs)
         except queue.Full:
             ref = self._refs.get(obs.inp.agent_id)
-            if ref is not None:
-                with self._lock:
+            with self._lock:
+                self._outstanding -= 1
+                if ref is not None:
                     self._dropped.setdefault(ref.id, Batch()).drop(obs.outcome)
                     self.dropped += 1
 
@@ -70,7 +73,7 @@ class ShadowRunner:
             forget({r.id for r in refs})
 
     def backlog(self) -> int:
-        return self._queue.qsize() + self._unflushed
+        return self._outstanding
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -97,29 +100,29 @@ class ShadowRunner:
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
         batches: dict[int, Batch] = {}
+        taken = 0  # observations taken off the queue since the last flush
         last_flush = last_refresh = time.monotonic()
         while True:
             stopping = self._stop.is_set()
             items = self._take(0.0 if stopping else 0.05)
+            taken += len(items)
             for obs in items:
                 j = self._judge(obs)
                 if j is not None:
                     batches.setdefault(j.ref.id, Batch()).add(j)
             now = time.monotonic()
-            with self._lock:
-                self._unflushed = sum(len(b) for b in batches.values())
             idle = self._queue.qsize() == 0
             # Under load, one write per shadow every flush_interval; when the queue runs dry, sooner.
             due = now - last_flush >= (self.flush_interval / 5 if idle else self.flush_interval)
-            if batches and (stopping or due):
-                self._flush(batches)
-                batches = {}
+            if taken and (stopping or due):
+                self._flush(batches, taken)
+                batches, taken = {}, 0
                 last_flush = now
             if now - last_refresh >= self.refresh_interval:
                 self.reload()
                 last_refresh = now
             if stopping and not items:
-                self._flush(batches)
+                self._flush(batches, taken)
                 return
 
     def _take(self, wait: float) -> list[ShadowObservation]:
@@ -133,8 +136,6 @@ class ShadowRunner:
                 items.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        with self._lock:
-            self._unflushed += len(items)
         return items
 
     def _judge(self, obs: ShadowObservation) -> Judgement | None:
@@ -151,7 +152,7 @@ class ShadowRunner:
             self.faults += 1
         return j
 
-    def _flush(self, batches: dict[int, Batch]) -> None:
+    def _flush(self, batches: dict[int, Batch], taken: int) -> None:
         with self._lock:
             dropped, self._dropped = self._dropped, {}
         for sid, b in dropped.items():
@@ -164,4 +165,4 @@ class ShadowRunner:
             n = sum(len(b) for b in batches.values())
             log.exception("could not record %d shadow judgements; they are lost", n)
         with self._lock:
-            self._unflushed = 0
+            self._outstanding -= taken

@@ -71,7 +71,16 @@ class _KernelCollector(Collector):
     def __init__(self, kernel: Kernel):
         self.kernel = kernel
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         yield CounterMetricFamily("regent_dispatch_claims_skipped", "Dispatch claims that raised and were "
                                   "skipped (logged; the row's next attempt moved back).",
                                   value=self.kernel.dispatch_claims_skipped)
+        shadow = self.kernel.shadow  # kernel/shadow.py's runner; absent counters read as 0
+        for name, attr, help in (
+            ("regent_shadow_judged", "judged", "Steps judged by a shadow bundle in this process."),
+            ("regent_shadow_faults", "faults", "Shadow judgements that timed out, crashed or errored."),
+            ("regent_shadow_dropped", "dropped", "Steps not judged because the shadow queue was full."),
+        ):
+            yield CounterMetricFamily(name, help, value=getattr(shadow, attr, 0))
+        yield GaugeMetricFamily("regent_shadow_backlog", "Steps observed for a shadow, not yet recorded.",
+                                value=shadow.backlog())

@@ -133,6 +133,8 @@ def test_report_counts_exactly_what_was_submitted_and_agent_sees_only_active(
     again = agent_client.submit(eid, "transfer_funds", {"amount": 5}).json()
     assert again["decision"] == "proceed"  # same dispatch, next occurrence: a new step
     assert _report(server, shadowed)["totals"]["evaluated"] == 11
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert "regent_shadow_judged_total 11.0" in metrics and "regent_shadow_dropped_total 0.0" in metrics
 
 
 def test_promote_then_rollback_each_change_the_next_decision(

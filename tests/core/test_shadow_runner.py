@@ -1,0 +1,76 @@
+"""The shadow runner on both dialects: a hung shadow engine never holds up a step's answer, a full
+queue drops and counts instead of blocking, and what was judged is recorded once released."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kernel.core import shadow
+from kernel.core.kernel import Kernel
+from kernel.core.policies import Actor
+from kernel.core.steps import StepRequest, submit_step
+from kernel.domain import Decision, PolicyInput, Verdict
+from kernel.domain.decision import ShadowRef
+from kernel.identity import args_hash, canonical_json
+from kernel.policy.resolver import BundleResolver
+from kernel.shadow import ShadowRunner
+from tests.conftest import Running
+
+ACTIVE = "default_action: allow\n"
+CANDIDATE = "default_action: deny\n"
+
+
+class HungEngine:
+    """A shadow engine stuck until released (what a wedged worker looks like from the runner)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+
+    def evaluate(self, ref: ShadowRef, inp: PolicyInput) -> Decision:
+        self.calls += 1
+        self.release.wait(30)
+        return Decision(Verdict.DENY, "default", "no explicit allow rule matched")
+
+
+def _req(i: int) -> StepRequest:
+    text = canonical_json(f'{{"i":{i}}}')
+    return StepRequest("tool_call", "transfer_funds", {"i": i}, text, args_hash(text))
+
+
+def test_hung_shadow_neither_delays_answers_nor_blocks_and_a_full_queue_is_counted(
+    kernel: Kernel, running: Running,
+) -> None:
+    kernel.policy = BundleResolver(kernel.store)
+    engine = HungEngine()
+    runner = ShadowRunner(kernel, engine, queue_size=3, flush_interval=0.05)
+    runner.start()
+    kernel.shadow = runner
+    try:
+        from kernel.core.policies import store_policy
+
+        store_policy(kernel, "shell", "yaml", ACTIVE)
+        shadow.store_shadow(kernel, "shell", "yaml", CANDIDATE, Actor("secops", "key"))
+        eid, did, att = running.start()
+        t0 = time.monotonic()
+        answers = [submit_step(kernel, "shell", eid, did, att, _req(0))]
+        wait_until = time.monotonic() + 20
+        while engine.calls == 0 and time.monotonic() < wait_until:  # the runner is now stuck on step 0
+            time.sleep(0.01)
+        assert engine.calls == 1
+        answers += [submit_step(kernel, "shell", eid, did, att, _req(i)) for i in range(1, 10)]
+        elapsed = time.monotonic() - t0
+        assert [a.decision for a in answers] == ["proceed"] * 10
+        assert elapsed < 10  # a hung shadow would have cost 30 s per step on the answer's path
+        # One in the engine's hands, three queued, the other six dropped and counted.
+        assert runner.dropped == 6
+        engine.release.set()
+        assert runner.drain(30)
+        rep = shadow.shadow_report(kernel, "shell")
+        assert rep["totals"] == {"evaluated": 4, "agreed": 0, "disagreed": 4, "errors": 0, "dropped": 6}
+        assert rep["disagreements"] == {"allow→deny": 4}
+        assert rep["shadow"].created_by == "secops"
+    finally:
+        engine.release.set()
+        runner.close()
