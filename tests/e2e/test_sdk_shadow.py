@@ -26,7 +26,7 @@ from tests.e2e.conftest import (
 )
 from tests.support import free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 POLICY_AGENT = Path(__file__).with_name("policy_agent.py")
 AGENTS = ("pay-a", "pay-b", "pay-loop", "pay-crash")
@@ -108,9 +108,9 @@ def sk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShadowKernel]:
                   f"    shadow_policy_file: {shadows[agent_id]}"]
     manifest = tmp / "regent.yaml"
     manifest.write_text("\n".join(lines) + "\n")
-    # The shadow's Rego timeout is the engine's: 1 s, so the crash is a crash even on a busy machine.
+    # The shadow's Rego timeout is the engine's: 3 s, so the crash is a crash even on a busy machine.
     proc = KernelProc("dev", free_port(), f"sqlite:///{tmp}/regent.db", manifest, tmp / "kernel.out",
-                      E2E_SECRET=SECRET, REGENT_REGO_TIMEOUT="1s", ready_timeout=60, **DEV_KERNEL_ENV)
+                      E2E_SECRET=SECRET, REGENT_REGO_TIMEOUT="3s", ready_timeout=60, **DEV_KERNEL_ENV)
     k = ShadowKernel(proc, ports, tmp)
     try:
         for agent_id in AGENTS:
