@@ -152,26 +152,31 @@ def note_approval(k: Kernel, a: Approval, agent_id: str, kind: str, target: str 
     })
 
 
-def note_shadow(k: Kernel, e: Execution, step_id: str, inp: PolicyInput, active: Decision,
-                shadow: Decision, now: datetime, *, error: str | None = None) -> None:
-    """A shadow bundle that disagreed with (or failed beside) the active one. The result is the
-    shadow's; `active` holds the enforced decision."""
+def note_shadow(k: Kernel, *, agent_id: str, execution_id: str, step_id: str, inp: PolicyInput,
+                active: Decision, active_outcome: str, shadow: Decision | None, shadow_outcome: str,
+                shadow_revision: str, now: datetime, error: str | None = None) -> None:
+    """A shadow bundle that disagreed with the active one (or faulted beside it). `result` is the
+    shadow's; `result.active` the enforced decision; `bundles` names both revisions."""
     if not k.decision_log.enabled:
         return
+    result: dict[str, Any] = ({**result_of(shadow), "outcome": shadow_outcome} if shadow is not None
+                              else {"decision": None, "outcome": shadow_outcome})
+    result["active"] = {**result_of(active), "outcome": active_outcome}
     entry: dict[str, Any] = {
         "decision_id": new_uuid7(),
         "path": SHADOW_PATH,
         "event": "shadow.disagreed" if error is None else "shadow.failed",
         "input": input_document(inp),
-        "result": {**result_of(shadow), "active": result_of(active)},
-        "bundles": {**_bundles(e.agent_id + "#shadow", shadow)},
+        "result": result,
+        "bundles": {**_bundles(agent_id, active),
+                    f"{agent_id}#shadow": {"revision": shadow_revision, "kind": "shadow"}},
         "timestamp": rfc3339(now),
-        "execution_id": e.id,
+        "execution_id": execution_id,
         "step_id": step_id,
-        "rule_id": shadow.rule_id,
-        "agent_id": e.agent_id,
-        "requested_by": e.agent_id,
+        "rule_id": shadow.rule_id if shadow is not None else None,
+        "agent_id": agent_id,
+        "requested_by": agent_id,
     }
     if error is not None:
-        entry["error"] = {"code": "shadow-error", "message": error}
+        entry["error"] = {"code": shadow_outcome, "message": error}
     _note(entry)

@@ -158,3 +158,24 @@ def test_an_unusable_bundle_is_logged_as_an_eval_error(logged: tuple[Kernel, Pat
     (entry,) = entries(k, path)
     assert entry["rule_id"] == "bundle-error"
     assert entry["error"] == {"code": "bundle-error", "message": "policy_bundle_invalid"}
+
+
+def test_a_shadow_disagreement_entry_names_both_decisions_and_revisions(
+        logged: tuple[Kernel, Path], running: Running) -> None:
+    from kernel.core import decision_log as dlog
+    from kernel.domain import Decision, PolicyInput, Verdict
+
+    k, path = logged
+    inp = PolicyInput(agent_id=running.agent_id, kind="tool_call", target="transfer_funds",
+                      args={"amount": 5000, "password": "pw"}, now="2026-12-01T12:00:00.000000Z")
+    active = Decision(Verdict.ALLOW, "allow-transfers", policy_revision="r1")
+    shadow = Decision(Verdict.DENY, "deny-large", "over 1000", policy_revision="r2")
+    with dlog.collect(k):
+        dlog.note_shadow(k, agent_id=running.agent_id, execution_id="e1", step_id="s1", inp=inp, active=active,
+                         active_outcome="allow", shadow=shadow, shadow_outcome="deny", shadow_revision="r2",
+                         now=k.clock.now())
+    (entry,) = entries(k, path)
+    assert entry["path"] == "regent/shadow" and entry["event"] == "shadow.disagreed"
+    assert entry["result"]["decision"] == "deny" and entry["result"]["active"]["rule_id"] == "allow-transfers"
+    assert entry["bundles"][f"{running.agent_id}#shadow"]["revision"] == "r2"
+    assert entry["input"]["args"] == {"amount": 5000}  # masked like every entry
