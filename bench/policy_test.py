@@ -1,5 +1,6 @@
 """`regent bench --scenarios policy-test`: `regent policy test` as a subprocess (start-up
-included) on 1 000 cases against the shell Rego bundle; goal ≤ 3 s wall."""
+included) on 1 000 cases against the shell Rego bundle; goal ≤ 3 s wall. With `coverage=True`,
+the same run with `--coverage` (Rego line coverage) alternates with the plain one; goal ≤ 1.5×."""
 
 from __future__ import annotations
 
@@ -26,16 +27,29 @@ def write_suite(directory: Path, n: int = 1000) -> Path:
     return bundle
 
 
-def bench_policy_test(n: int = 1000, rounds: int = 3) -> dict[str, Any]:
-    walls = []
+def _wall(bundle: Path, *extra: str) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "kernel.cli", "policy", "test", str(bundle),
+                           "--format", "json", *extra], capture_output=True, text=True, timeout=120, check=False)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"regent policy test exited {proc.returncode}: {proc.stderr[-500:]}")
+    return wall
+
+
+def bench_policy_test(n: int = 1000, rounds: int = 3, *, coverage: bool = False) -> dict[str, Any]:
+    walls: list[float] = []
+    covered: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         bundle = write_suite(Path(tmp), n)
         for _ in range(rounds):
-            t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "kernel.cli", "policy", "test", str(bundle),
-                                   "--format", "json"], capture_output=True, text=True, timeout=120, check=False)
-            walls.append(time.perf_counter() - t0)
-            if proc.returncode != 0:
-                raise RuntimeError(f"regent policy test exited {proc.returncode}: {proc.stderr[-500:]}")
+            walls.append(_wall(bundle))
+            if coverage:
+                covered.append(_wall(bundle, "--coverage"))
     walls.sort()
-    return {"cases": n, "rounds": rounds, "best_s": walls[0], "median_s": walls[len(walls) // 2]}
+    out: dict[str, Any] = {"cases": n, "rounds": rounds, "best_s": walls[0], "median_s": walls[len(walls) // 2]}
+    if covered:
+        covered.sort()
+        out["coverage_median_s"] = covered[len(covered) // 2]
+        out["coverage_ratio"] = out["coverage_median_s"] / out["median_s"]
+    return out

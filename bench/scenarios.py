@@ -325,13 +325,45 @@ SCENARIOS: list[Scenario] = [ROUNDTRIP_SEQUENTIAL, ROUNDTRIP_CONCURRENT, REPLAY]
 def _policy_test_run(p: Profile) -> list[Result]:
     from bench.policy_test import bench_policy_test
 
-    r = bench_policy_test(1000, rounds=p.rounds)
+    r = bench_policy_test(1000, rounds=p.rounds, coverage=True)
     stats = {"ops": r["cases"], "workers": 1, "p50": r["median_s"], "p99": r["median_s"], "mean": r["median_s"]}
+    cov = {"ops": r["cases"], "workers": 1, "p50": r["coverage_median_s"], "p99": r["coverage_median_s"],
+           "mean": r["coverage_median_s"]}
     return [Result("policy test", "regent policy test, 1 000 Rego cases", op="CLI run", stats=stats,
                    figures=[("policy test: 1 000 Rego cases, wall incl. start-up (median)",
-                             f"{r['median_s']:.2f} s", "≤ 3 s")])]
+                             f"{r['median_s']:.2f} s", "≤ 3 s")]),
+            Result("policy test", "… with --coverage (Rego lines)", op="CLI run", stats=cov,
+                   figures=[("policy test --coverage / without, 1 000 Rego cases (medians, alternating runs)",
+                             f"{r['coverage_ratio']:.2f}×", "≤ 1.5×")])]
+
+
+def _policy_authoring_run(p: Profile) -> list[Result]:
+    from bench.policy_authoring import bench_policy_authoring
+
+    r = bench_policy_authoring(rounds=max(3, p.rounds), n_yaml=20_000, n_rego=max(1000, p.rego_evaluations))
+    out = []
+    for row in r["rows"]:
+        for side in ("current", "baseline"):
+            value = row[f"{side}_p50"]
+            if value is None:
+                continue
+            stats = {"ops": 0, "workers": 1, "p50": value, "p99": value, "mean": value}
+            figures = []
+            if side == "current" and "ratio" in row:
+                figures.append((f"{row['label']}: p50 now / before ({r['baseline']})", f"{row['ratio']:.3f}×", "≤ 1.05×"))
+            elif side == "current":
+                figures.append((f"{row['label']}: p50", f"{value * 1e6:.2f} µs", ""))
+            label = "this checkout" if side == "current" else f"baseline {r['baseline']}"
+            out.append(Result("policy authoring", f"{row['label']} ({label})", op="evaluation", stats=stats,
+                              figures=figures))
+    return out
+
+
+POLICY_AUTHORING = LocalScenario(
+    "policy-authoring", "policy authoring", _policy_authoring_run,
+    "YAML and Rego decision p50 with typed predicates and the Rego probes compiled in, vs the commit before them")
 
 
 POLICY_TEST = LocalScenario("policy-test", "policy test", _policy_test_run,
                             "`regent policy test` subprocess on 1 000 cases against a Rego bundle")
-LOCAL_SCENARIOS: list[LocalScenario] = [YAML, REGO, POLICY_TEST]
+LOCAL_SCENARIOS: list[LocalScenario] = [YAML, REGO, POLICY_TEST, POLICY_AUTHORING]

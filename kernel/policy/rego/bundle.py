@@ -365,7 +365,7 @@ def _build(
     except (TypeError, ValueError) as exc:
         problems.append(f"data is not JSON-compatible ({exc})")
         data = {}
-    roots, entrypoint, default_action, revision = _manifest_fields(manifest, problems)
+    roots, entrypoint, default_action, revision = _manifest_fields(_implied_roots(manifest, modules), problems)
     if problems:
         raise bundle_error(problems)
     digest = hashlib.sha256(
@@ -384,6 +384,21 @@ def _build(
         origin=origin,
         from_directory=from_directory,
     )
+
+
+def _implied_roots(manifest: dict[str, Any], modules: dict[str, str]) -> dict[str, Any]:
+    """A bundle without a manifest (or one naming neither `roots` nor an entrypoint) is rooted at
+    its modules' top-level package when they all share one: `package payments` gives the root
+    `payments` and the entrypoint `payments/decision`, as the manifest would have said."""
+    metadata = manifest.get("metadata")
+    regent = metadata.get("regent") if isinstance(metadata, dict) else None
+    if "roots" in manifest or (isinstance(regent, dict) and regent.get("entrypoint")):
+        return manifest
+    tops = {scan_module(source).package.split(".", 1)[0] for source in modules.values()}
+    tops.discard("")
+    if len(tops) != 1:
+        return manifest
+    return {**manifest, "roots": [tops.pop()]}
 
 
 def _manifest_fields(
@@ -434,7 +449,8 @@ def _manifest_fields(
         else:
             problems.append(
                 ".manifest: metadata.regent.entrypoint is required unless the bundle has exactly "
-                f"one root (roots: {list(roots)})"
+                f"one root (roots: {list(roots)}); a bundle without roots takes its modules' "
+                "top-level package as its root when they all share one"
             )
     elif not all(_SEGMENT.match(s) for s in entrypoint.split("/")) or "/" not in entrypoint:
         problems.append(

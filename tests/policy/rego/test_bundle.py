@@ -120,12 +120,19 @@ def test_entrypoint_from_manifest_is_used() -> None:
 
 @pytest.mark.parametrize(
     "manifest",
-    [{"roots": ["shell", "lib"]}, {}, {"roots": [""]}],
-    ids=["two roots", "no roots", "empty root"],
+    [{"roots": ["shell", "lib"]}, {"roots": [""]}],
+    ids=["two roots", "empty root"],
 )
 def test_entrypoint_required_without_exactly_one_root(manifest: dict) -> None:
     with pytest.raises(ValidationError, match="entrypoint is required"):
         parse_rego_bundle({"modules": {"p.rego": POLICY}, "manifest": manifest})
+
+
+def test_a_bundle_without_a_manifest_is_rooted_at_its_modules_package() -> None:
+    b = parse_rego_bundle({"modules": {"p.rego": POLICY, "q.rego": "package shell.lib\n"}})
+    assert (b.roots, b.entrypoint) == (("shell",), "shell/decision")
+    with pytest.raises(ValidationError, match="top-level package as its root when they all share one"):
+        parse_rego_bundle({"modules": {"p.rego": POLICY, "q.rego": "package lib\n"}})
 
 
 MANIFEST_PROBLEMS = [
