@@ -93,3 +93,34 @@ def test_rego_bundle_with_compile_error_is_400_with_file_line(governed: Kernel, 
     r = httpx.post(f"{server.url}/v0/policies/shell", json={"kind": "rego", "bundle": bad}, timeout=30)
     assert r.status_code == 400 and r.json()["code"] == "validation_error"
     assert "policy.rego:" in r.json()["message"]
+
+
+CONFLICT = """package shell
+import rego.v1
+
+mode := "read" if {
+	input.args.command == "ls"
+}
+
+mode := "write" if {
+	input.target == "shell_exec"
+}
+
+decision := {"decision": "allow", "rule_id": "read"} if {
+	mode == "read"
+}
+"""
+
+
+def test_an_eval_conflict_names_file_line_and_rule_in_the_answer_and_the_event(
+        governed: Kernel, server: ServerThread, running: Running, agent_client: AgentClient) -> None:
+    bundle = {"modules": {"policy.rego": CONFLICT}, "manifest": {"roots": ["shell"]}}
+    r = httpx.post(f"{server.url}/v0/policies/shell", json={"kind": "rego", "bundle": bundle}, timeout=30)
+    assert r.status_code == 204, r.text
+    eid, did, att = running.start()
+    agent_client.lease(did, att)
+    denied = agent_client.submit(eid, "shell_exec", {"command": "ls"}).json()
+    assert (denied["decision"], denied["rule_id"]) == ("denied", "eval-error")
+    events = httpx.get(f"{server.url}/v0/executions/{eid}/events").json()
+    payload = next(e for e in events if e["type"] == "step.denied")["payload"]
+    assert "at policy.rego:4, policy.rego:8 (rule mode:" in payload["reason"]
