@@ -47,6 +47,7 @@ class Instrumented:
     modules: dict[str, str]  # the twin's modules (the originals plus one probe module each)
     entrypoints: tuple[str, ...]  # the collector first, then every probe, then every rule
     collector: str
+    combined: str  # {"value": [entrypoint value] or [], "hits": [...]} in one query
     probes: dict[str, tuple[str, int, int]]  # probe rule name → (module path, def index, k or 0 = done)
     rule_entrypoints: dict[str, tuple[str, str]]  # entrypoint → (module path, rule name)
     module_rules: dict[str, ModuleRules]
@@ -252,6 +253,7 @@ def instrument(modules: dict[str, str], entrypoint: str) -> Instrumented:
         if path in skipped or not mr.package:
             continue
         lines = [f"package {mr.package}", *mr.imports, ""]
+        same_body: dict[str, str] = {}
         done_name = {d.index: f"__regent_{m}_{d.index}_done" for d in mr.rules}
         for d in mr.rules:
             if d.kind not in _PROBED_KINDS:
@@ -264,7 +266,11 @@ def instrument(modules: dict[str, str], entrypoint: str) -> Instrumented:
                 prefix = guards + exprs[: k - 1]
                 name = done_name[d.index] if k == len(exprs) + 1 else f"__regent_{m}_{d.index}_{k}"
                 body = "\n\t".join(prefix) if prefix else "true"
-                lines += [f"{name} if {{", f"\t{body}", "}", ""]
+                first = same_body.setdefault(body, name)
+                if first != name:  # the same prefix again (`input.target == "shell"`): one evaluation
+                    lines += [f"{name} if {first}", ""]
+                else:
+                    lines += [f"{name} if {{", f"\t{body}", "}", ""]
                 probes[name] = (path, d.index, 0 if k == len(exprs) + 1 else k)
                 probe_package[name] = mr.package
                 hits_lines.append(f'hits contains "{name}" if data.{mr.package}.{name}')
@@ -274,11 +280,15 @@ def instrument(modules: dict[str, str], entrypoint: str) -> Instrumented:
         out[_probe_path(path)] = "\n".join(lines) + "\n"
     if len(hits_lines) == 3:
         hits_lines.append("hits := set()")
-    collector_path = f"{collector_package}.rego"
-    out[collector_path] = "\n".join(hits_lines) + "\n"
     segments = entrypoint.split("/")
     entry_rule = (".".join(segments[:-1]), segments[-1])
+    # One query for the decision and the hits: the entrypoint's value (a one-element array, or
+    # none when undefined) beside the probe names that held.
+    hits_lines.append(f'result := {{"value": [x | x := data.{".".join(segments)}], "hits": hits}}')
+    collector_path = f"{collector_package}.rego"
+    out[collector_path] = "\n".join(hits_lines) + "\n"
     eps = (
+        f"{collector_package}/result",
         f"{collector_package}/hits",
         *(f"{probe_package[n].replace('.', '/')}/{n}" for n in probes),
         *rule_eps,
@@ -287,6 +297,7 @@ def instrument(modules: dict[str, str], entrypoint: str) -> Instrumented:
         modules=out,
         entrypoints=eps,
         collector=f"{collector_package}/hits",
+        combined=f"{collector_package}/result",
         probes=probes,
         rule_entrypoints=rule_eps,
         module_rules=module_rules,

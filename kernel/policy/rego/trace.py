@@ -61,19 +61,21 @@ def traced_evaluate(engine: RegoEngine, bundle: RegoBundle, document: dict[str, 
     from .engine import ProbeError
 
     try:
-        results = engine.probe(twin, document, [bundle.entrypoint, probes.collector])
+        [combined] = engine.probe(twin, document, [probes.combined])
     except ProbeError as exc:
         return Traced(engine.evaluate_document(bundle, document), None, False, set(), str(exc))
-    main, collected = results
-    hits = set(collected.get("value") or []) if "value" in collected else set()
-    if "error" in main:
-        return Traced(engine.evaluate_document(bundle, document), None, False, hits, main["error"])
+    result = combined.get("value")
+    if not isinstance(result, dict):  # an evaluation error: the plain path says (and locates) it
+        return Traced(engine.evaluate_document(bundle, document), None, False, set(),
+                      str(combined.get("error", "")))
+    hits = set(result.get("hits") or [])
+    values = result.get("value") or []
     kind = document.get("kind", "") if isinstance(document, dict) else ""
-    defined = "value" in main
-    decision = decision_from_output(main.get("value"), defined=defined, kind=kind,
-                                    default_action=bundle.default_action, revision=bundle.revision,
-                                    entrypoint=bundle.entrypoint)
-    return Traced(decision, main.get("value"), defined, hits)
+    defined = bool(values)
+    value = values[0] if defined else None
+    decision = decision_from_output(value, defined=defined, kind=kind, default_action=bundle.default_action,
+                                    revision=bundle.revision, entrypoint=bundle.entrypoint)
+    return Traced(decision, value, defined, hits)
 
 
 def coverage_of(bundle: RegoBundle, hits: set[str]) -> LineCoverage:
