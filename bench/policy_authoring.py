@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# The commit before "policy: typed YAML predicates … an instrumented twin per bundle" (0147893).
-BASELINE = os.environ.get("REGENT_BENCH_AUTHORING_BASELINE", "0147893^")
+# "policy: typed YAML predicates … an instrumented twin per bundle" (0147893) holds every change
+# this work made to the decision path; the commit before it is the baseline. Comparing the two
+# isolates it from whatever else landed since; this checkout is measured beside them too.
+CHANGE = os.environ.get("REGENT_BENCH_AUTHORING_CHANGE", "0147893")
+BASELINE = os.environ.get("REGENT_BENCH_AUTHORING_BASELINE", CHANGE + "^")
 
 _CHILD = r"""
 import json, sys, time
@@ -92,10 +95,11 @@ def _spec() -> dict[str, Any]:
     }
 
 
-def _baseline_tree(directory: Path) -> Path | None:
-    """`kernel/` at BASELINE, or None when this is not a git checkout that has it."""
+def _tree_at(rev: str, directory: Path) -> Path | None:
+    """`kernel/` at ``rev``, or None when this is not a git checkout that has it."""
+    directory.mkdir(parents=True, exist_ok=True)
     try:
-        raw = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", BASELINE, "kernel"],
+        raw = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "kernel"],
                              capture_output=True, check=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None
@@ -119,21 +123,25 @@ def _child(tree: Path, spec: dict[str, Any], n_yaml: int, n_rego: int) -> dict[s
 def bench_policy_authoring(rounds: int = 3, n_yaml: int = 20_000, n_rego: int = 2_000) -> dict[str, Any]:
     spec = _spec()
     with tempfile.TemporaryDirectory() as tmp:
-        base = _baseline_tree(Path(tmp))
-        if base is None:
-            raise RuntimeError(f"no git checkout with {BASELINE} to compare against")
-        runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
-        for _ in range(rounds):
-            runs["baseline"].append(_child(base, spec, n_yaml, n_rego))
-            runs["current"].append(_child(ROOT, spec, n_yaml, n_rego))
+        base = _tree_at(BASELINE, Path(tmp) / "baseline")
+        change = _tree_at(CHANGE, Path(tmp) / "change")
+        if base is None or change is None:
+            raise RuntimeError(f"no git checkout with {BASELINE} and {CHANGE} to compare")
+        trees = {"baseline": base, "change": change, "checkout": ROOT}
+        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in trees}
+        for i in range(rounds):
+            order = list(trees)[i % 3:] + list(trees)[: i % 3]  # each side goes first once in three
+            for side in order:
+                runs[side].append(_child(trees[side], spec, n_yaml, n_rego))
     labels = [row[0] for row in spec["yaml"]] + [row[0] for row in spec["rego"]]
-    out: dict[str, Any] = {"rounds": rounds, "baseline": BASELINE, "rows": []}
+    out: dict[str, Any] = {"rounds": rounds, "baseline": BASELINE, "change": CHANGE, "rows": []}
     for label in labels:
-        cur = [r[label] for r in runs["current"] if r.get(label) is not None]
-        old = [r[label] for r in runs["baseline"] if r.get(label) is not None]
-        row = {"label": label, "current_p50": statistics.median(cur) if cur else None,
-               "baseline_p50": statistics.median(old) if old else None}
-        if row["current_p50"] and row["baseline_p50"]:
-            row["ratio"] = row["current_p50"] / row["baseline_p50"]
+        row: dict[str, Any] = {"label": label}
+        for side in trees:
+            got = [r[label] for r in runs[side] if r.get(label) is not None]
+            row[f"{side}_p50"] = statistics.median(got) if got else None
+        for side in ("change", "checkout"):
+            if row[f"{side}_p50"] and row["baseline_p50"]:
+                row[f"{side}_ratio"] = row[f"{side}_p50"] / row["baseline_p50"]
         out["rows"].append(row)
     return out

@@ -250,3 +250,13 @@ def test_engine_log_lines_stay_out_of_the_output_unless_verbose() -> None:
 
     assert " INFO " not in run()
     assert " INFO kernel.policy.rego: rego-cpp" in run("-v")
+
+
+def test_bracketed_text_in_warnings_and_names_is_printed_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "b.yaml"
+    p.write_text("rules:\n  - {id: ok, when: {target: a, arguments: {c: {regex: '[a-z]+'}}}, then: {decision: allow}}\n")
+    (tmp_path / "b.policytest.yaml").write_text('cases:\n  - {name: "x [0-9] y", target: a, args: {c: zz}, expect: allow}\n')
+    assert main(["policy", "check", str(p)]) == 0
+    assert 'arguments.c.regex "[a-z]+" is not anchored' in capsys.readouterr().out
+    assert main(["policy", "test", str(p)]) == 0
+    assert "x [0-9] y" in capsys.readouterr().out

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from kernel.cli.policy_eval import run_eval
 from kernel.cli.policy_report import (
@@ -53,7 +54,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     try:
         threshold = _threshold(args.threshold)
     except ValueError as exc:
-        err.print(f"[red]{exc}[/]")
+        err.print(f"{exc}", style="red", markup=False, highlight=False)
         return 1
     if threshold is not None and threshold[0] == "lines":
         args.coverage = True
@@ -101,7 +102,7 @@ def _test(args: argparse.Namespace, engine: Any, threshold: tuple[str, float] | 
                 cases = [c for c in cases if rx.search(c.name or c.target)]
             run.suites.append(_run_suite(args, bundle, cases, str(cases_path)))
     except (ValidationError, OSError, re.error) as exc:
-        err.print(f"[red]{getattr(exc, 'message', exc)}[/]", highlight=False)
+        err.print(f"{getattr(exc, 'message', exc)}", style="red", markup=False, highlight=False)
         return 1
     if args.format == "json":
         print(render_json(run))
@@ -122,7 +123,7 @@ def _test(args: argparse.Namespace, engine: Any, threshold: tuple[str, float] | 
             lines = run.line_coverage()
             got = lines["coverage"] if lines is not None else 100.0
         if got < limit:
-            err.print(f"[red]{'rule' if which == 'rules' else 'line'} coverage {got:.1f}% is below --threshold {limit:g}[/]")
+            err.print(f"{'rule' if which == 'rules' else 'line'} coverage {got:.1f}% is below --threshold {limit:g}", style="red", markup=False, highlight=False)
             return 2
     return 0
 
@@ -157,7 +158,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         paths = discover(args.paths)
     except ValidationError as exc:
-        err.print(f"[red]{exc.message}[/]")
+        err.print(f"{exc.message}", style="red", markup=False, highlight=False)
         return 1
     engine = _engine()
     rows: list[dict[str, Any]] = []
@@ -190,12 +191,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     out = stdout_console()
     for r in rows:
         if r["ok"]:
-            out.print(f"[green]ok[/]  {r['path']}", highlight=False)
+            out.print(f"[green]ok[/]  {escape(r['path'])}", highlight=False)
         else:
-            err.print("[red]" + "\n".join(r["problems"]) + "[/]", highlight=False, markup=True)
+            err.print("\n".join(r["problems"]), style="red", markup=False, highlight=False)
         for w in r["warnings"]:
-            out.print(f"  [yellow]{w['file']}:{w['line']}: warning: rule \"{w['rule_id']}\": {w['message']}[/]",
-                      highlight=False)
+            out.print(f"  {w['file']}:{w['line']}: warning: rule \"{w['rule_id']}\": {w['message']}",
+                      style="yellow", markup=False, highlight=False)
     return 1 if bad else 0
 
 

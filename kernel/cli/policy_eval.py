@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ def policy_input(args: argparse.Namespace) -> PolicyInput:
     override the file's fields; raises ValidationError naming what is wrong."""
     doc: dict[str, Any] = {}
     if args.input:
-        text = Path(args.input).read_text(encoding="utf-8") if args.input != "-" else __import__("sys").stdin.read()
+        text = Path(args.input).read_text(encoding="utf-8") if args.input != "-" else sys.stdin.read()
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -80,13 +81,13 @@ def run_eval(args: argparse.Namespace, engine: Any, out: Console, err: Console) 
     try:
         judge = _judge_mock(args.judge)
     except ValueError as exc:
-        err.print(f"[red]--judge: {exc}[/]")
+        err.print(f"--judge: {exc}", style="red", markup=False, highlight=False)
         return 1
     try:
         bundle = load_bundle(Path(args.bundle), engine, strict=args.strict)
         inp = policy_input(args)
     except (ValidationError, OSError) as exc:
-        err.print(f"[red]{getattr(exc, 'message', exc)}[/]", highlight=False)
+        err.print(f"{getattr(exc, 'message', exc)}", style="red", markup=False, highlight=False)
         return 1
     from kernel.policy.explain import explain_document
 

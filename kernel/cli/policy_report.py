@@ -11,6 +11,7 @@ from xml.etree import ElementTree as ET
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from kernel.policy.cases import CaseResult, Report
 from kernel.policy.testing import LoadedBundle, RegoTestResult
@@ -189,7 +190,7 @@ def render_pretty(run: Run, out: Console, *, full_labels: bool) -> None:
     _pretty_rego(run.rego, out)
     for b in run.loaded:
         for rule, by in b.shadowed:
-            out.print(f"  [yellow]{b.path}: rule {rule} never matches: shadowed by rule {by}[/]")
+            out.print(f"  {b.path}: rule {rule} never matches: shadowed by rule {by}", style="yellow", markup=False)
     cov = run.rule_coverage()
     out.print(f"  rule coverage {cov['percent']:.1f}% ({cov['covered']} of {cov['rules']} rules)")
     lines = run.line_coverage()
@@ -232,7 +233,7 @@ def _pretty_suite(s: Suite, out: Console, full: bool) -> None:
         else:
             detail = x.decision
         where = f"{r.source}:{x.case.line}" if r.source and x.case.line and not x.passed else ""
-        t.add_row(status, _label(x, full), detail, x.rule_id or where)
+        t.add_row(status, Text(_label(x, full)), Text(detail), Text(x.rule_id or where))
     out.print(t)
     if r.unexercised_rules:
         out.print(f"  rules never exercised: {', '.join(r.unexercised_rules)}")
@@ -247,8 +248,8 @@ def _pretty_rego(rego: list[RegoTestResult], out: Console) -> None:
         return
     t = Table(title="Rego unit tests", show_header=False, box=None, padding=(0, 2))
     for x in sorted(rego, key=lambda x: x.passed):
-        t.add_row(f"[{_COLOUR[x.status]}]{x.status.upper()}[/]", x.name, x.message,
-                  f"{x.file}:{x.line}" if x.line else x.file)
+        t.add_row(f"[{_COLOUR[x.status]}]{x.status.upper()}[/]", Text(x.name), Text(x.message),
+                  Text(f"{x.file}:{x.line}" if x.line else x.file))
     out.print(t)
     bad = sum(1 for x in rego if not x.passed)
     out.print(f"  {bad} of {len(rego)} Rego tests failed" if bad else f"  {len(rego)} Rego tests passed")
