@@ -168,5 +168,9 @@ class SessionQueries:
         for i in range(0, len(rows), 1000):
             self.w.execute(insert(table), rows[i:i + 1000])
 
+    def last_event_seq(self, execution_id: str) -> int:
+        c = t.executions.c
+        return int(self.conn.execute(select(c.last_event_seq).where(c.id == execution_id)).scalar() or 0)
+
     def set_last_event_seq(self, execution_id: str, seq: int) -> None:
         self.w.execute(update(t.executions).where(t.executions.c.id == execution_id).values(last_event_seq=seq))

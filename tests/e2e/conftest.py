@@ -76,7 +76,7 @@ class Proc:
 
 class KernelProc(Proc):
     def __init__(self, command: str, port: int, db_url: str, manifest: Path | None, log: Path,
-                 ready_timeout: float = 20.0, **env: str):
+                 ready_timeout: float = 60.0, **env: str):
         self.url = f"http://127.0.0.1:{port}"
         argv = [sys.executable, "-m", "kernel", command, "--port", str(port), "--db-url", db_url]
         argv += ["--config", str(manifest)] if manifest is not None else []
@@ -110,7 +110,7 @@ class AgentProc(Proc):
         full_env = clean_env(REBUNO_URL=kernel_url, REBUNO_AGENT_SECRET=secret, AGENT_ID=agent_id, PORT=str(port),
                              EFFECTS=str(self.effects), LOG=str(self.events), **env)
         super().__init__([sys.executable, str(script), *(argv or [])], full_env, tmp / f"{agent_id}.{port}.out")
-        wait_for(self._up, f"agent {agent_id} on port {port}\n{self.output()}")
+        wait_for(self._up, f"agent {agent_id} on port {port}\n{self.output()}", timeout=60)
 
     def _up(self) -> bool:
         if not self.alive():

@@ -13,10 +13,10 @@ import rebuno
 
 from tests.e2e.conftest import DevKernel, dev_kernel_for, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 AGENT = Path(__file__).with_name("session_agent.py")
-MODES = {"chat": "chat", "boss": "orchestrator", "kid": "child", "steps": "steps"}
+MODES = {"chat": "chat", "boss": "orchestrator", "kid": "child", "steps": "steps", "five": "steps"}
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +124,53 @@ def test_a_session_rate_limit_is_shared_by_the_executions_of_the_session(kernel:
     assert finals[2]["status"] == "completed", finals[2]
     r = kernel.api.http.post("/v0/policies/steps", json={"bundle": ""})
     assert r.status_code == 204, r.text
+
+
+STRICT_FORK_BUNDLE = """
+default_action: allow
+rules:
+  - id: no-step-3
+    when: {target: step-3}
+    then: {decision: deny, reason: step 3 is off in the fork}
+"""
+
+
+def test_a_fork_at_the_middle_replays_the_first_steps_and_runs_the_rest_under_its_own_bundle(
+    kernel: DevKernel,
+) -> None:
+    src = _sdk(kernel, lambda client: client.create("five", {"steps": 5}))
+    done = kernel.api.wait_status(src.id, "completed", timeout=30)
+    assert done["output"] == {"results": [f"did {i}" for i in range(5)]}
+    points = kernel.api.http.get(f"/v0/executions/{src.id}/fork-points").json()
+    assert [p["target"] for p in points[1:]] == [f"step-{i}" for i in range(5)]
+    at = points[2]["event_seq"]  # after step-1's outcome: two steps recorded, three to go
+
+    fork = _sdk(kernel, lambda client: client.fork(src.id, at_seq=at, policy_bundle=STRICT_FORK_BUNDLE))
+    assert (fork.forked_from, fork.fork_seq) == (src.id, at)
+    out = kernel.api.wait_status(fork.id, "completed", timeout=30)
+    assert out["output"] == {"results": ["did 0", "did 1", "did 2", {"denied": "no-step-3"}, "did 4"]}
+    # The first two bodies did not run again; step-2 and step-4 ran live, step-3 was denied.
+    five = next(a for a in kernel.agents if a.port == kernel.ports["five"])
+    ran = [line.split()[1] for line in five.effect_lines() if line.startswith(fork.id)]
+    assert ran == ["step-2", "step-4"]
+    # The fork's log is complete on its own: the copied steps' events come first, then it started.
+    types = kernel.api.types(fork.id)
+    assert types[0] == "execution.created" and types.index("execution.forked") < types.index("execution.started")
+    copied = types[1:types.index("execution.forked")]
+    assert copied.count("step.succeeded") == 2
+    denied = [e["payload"] for e in kernel.api.events(fork.id) if e["type"] == "step.denied"]
+    assert [(d["target"], d["rule_id"]) for d in denied] == [("step-3", "no-step-3")]
+    # The agent's own bundle was not touched: it still has none.
+    assert kernel.api.http.get("/v0/policies/five").status_code == 404
+    steps = {s["target"]: s["status"] for s in kernel.api.steps(fork.id)}
+    assert steps == {"step-0": "succeeded", "step-1": "succeeded", "step-2": "succeeded", "step-3": "denied",
+                     "step-4": "succeeded"}
+
+
+def test_a_fork_bundle_that_does_not_compile_is_refused_by_the_load_gate(kernel: DevKernel) -> None:
+    src = _sdk(kernel, lambda client: client.create("five", {"steps": 1}))
+    kernel.api.wait_status(src.id, "completed", timeout=30)
+    r = kernel.api.http.post(f"/v0/executions/{src.id}/fork", json={"at_seq": 0, "policy_bundle": "rules: [1"})
+    assert r.status_code == 400 and r.json()["code"] == "validation_error", r.text
+    r = kernel.api.http.post(f"/v0/executions/{src.id}/fork", json={"at_seq": 10_000})
+    assert r.status_code == 400, r.text

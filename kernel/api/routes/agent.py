@@ -180,7 +180,7 @@ async def put_metadata(agent_id: str, request: Request) -> Response:
 
 
 # Extensions the SDK can call but Regent does not implement yet: a clear 404 (sdk-contract.md).
-_EXTENSIONS = ("resources", "resources/checkpoints", "fork")
+_EXTENSIONS = ("resources", "resources/checkpoints")
 
 
 def _not_implemented(name: str):  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from kernel.api.body import Strict, parse_model, read_body
 from kernel.api.deps import auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse, approval_json, event_json, execution_json
-from kernel.core import approvals, executions
+from kernel.core import approvals, executions, forks
 from kernel.errors import ValidationError
 
 router = APIRouter()
@@ -132,6 +132,48 @@ async def cancel_execution(execution_id: str, request: Request) -> Response:
     eid = uuid_param(execution_id, "execution id")
     await call(executions.cancel_execution, kernel_of(request), eid)
     return Response(status_code=204)
+
+
+class ForkBody(Strict):
+    at_seq: int
+    session: str | None = None
+    # YAML text, or {"kind": "yaml"|"rego", "bundle": <text or {modules, data, manifest}>}
+    policy_bundle: str | dict[str, Any] | None = None
+
+
+def _fork_bundle(value: str | dict[str, Any] | None) -> forks.ForkBundle | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return forks.ForkBundle("yaml", value)
+    kind, bundle = value.get("kind", "yaml"), value.get("bundle")
+    if kind == "rego" and isinstance(bundle, dict):
+        from kernel.core.policies import rego_content
+
+        return forks.ForkBundle("rego", rego_content(bundle))
+    if kind == "yaml" and isinstance(bundle, str):
+        return forks.ForkBundle("yaml", bundle)
+    raise ValidationError('validation error: policy_bundle is YAML text or {"kind", "bundle"}')
+
+
+@router.post("/v0/executions/{execution_id}/fork", status_code=201)
+async def fork_execution(execution_id: str, request: Request) -> Response:
+    auth = auth_of(request)
+    await call(auth.principal, request, "executions:write")
+    eid = uuid_param(execution_id, "execution id")
+    body = parse_model(ForkBody, await _body(request))
+    bundle = _fork_bundle(body.policy_bundle)
+    if bundle is not None:  # a fork's own bundle governs it: the caller must be allowed to set policy
+        await call(auth.principal, request, "policies:write")
+    e = await call(forks.fork_execution, kernel_of(request), eid, body.at_seq, check_session(body.session), bundle)
+    return JSONResponse(execution_json(e, []), status_code=201)
+
+
+@router.get("/v0/executions/{execution_id}/fork-points")
+async def fork_points(execution_id: str, request: Request) -> Response:
+    await call(auth_of(request).principal, request, "executions:read")
+    eid = uuid_param(execution_id, "execution id")
+    return JSONResponse(await call(forks.fork_points, kernel_of(request), eid))
 
 
 @router.get("/v0/approvals")
