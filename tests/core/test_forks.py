@@ -16,7 +16,7 @@ def _req(target: str, idempotency: str = "safe_to_retry") -> steps.StepRequest:
 
 
 def _run(k: Kernel, eid: str, targets: list[str], idempotency: str = "safe_to_retry") -> list[str]:
-    c = [c for c in claim_due(k, 100) if c.execution_id == eid][0]
+    c = next(c for c in claim_due(k, 100) if c.execution_id == eid)
     out = []
     for target in targets:
         ans = steps.submit_step(k, "shell", eid, c.dispatch_id, c.attempt, _req(target, idempotency))
@@ -45,7 +45,7 @@ def test_a_fork_copies_the_outcomes_up_to_at_seq_and_replays_them(running: Runni
 def test_a_fork_of_many_steps_copies_them_all_in_bulk(running: Running) -> None:
     k = running.kernel
     src = executions.create_execution(k, "shell", None)[0].id
-    c = [c for c in claim_due(k, 100) if c.execution_id == src][0]
+    c = next(c for c in claim_due(k, 100) if c.execution_id == src)
     n = 300
     for i in range(n):
         ans = steps.submit_step(k, "shell", src, c.dispatch_id, c.attempt, _req(f"s{i}"))
@@ -61,7 +61,7 @@ def test_a_live_at_most_once_step_in_a_fork_needs_approval(running: Running) -> 
     src = executions.create_execution(k, "shell", None)[0].id
     assert _run(k, src, ["pay"], "at_most_once") == ["proceed"]
     fork = forks.fork_execution(k, src, 0)  # before the payment: the fork reaches it live
-    c = [c for c in claim_due(k, 100) if c.execution_id == fork.id][0]
+    c = next(c for c in claim_due(k, 100) if c.execution_id == fork.id)
     ans = steps.submit_step(k, "shell", fork.id, c.dispatch_id, c.attempt, _req("pay", "at_most_once"))
     assert ans.decision == "blocked" and ans.approval_id
     with k.store.read() as tx:
