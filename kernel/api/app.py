@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from kernel.api import errors
+from kernel.api import errors, schema
 from kernel.api.auth import Authenticator
 from kernel.api.metrics import ApiMetrics
 from kernel.api.routes import admin, agent, audit, client, ops, policies, shadow, stream
@@ -63,4 +63,5 @@ def create_app(
 
     console.install(app, dev=dev, bearer_token=bearer_token, session_key=console_session_key,
                     session_ttl_seconds=console_session_ttl_seconds)
+    schema.install(app)
     return app

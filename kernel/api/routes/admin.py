@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from kernel.api import schema
 from kernel.api.body import Strict, parse_model
 from kernel.api.deps import auth_of, call, kernel_of
 from kernel.api.render import JSONResponse, agent_json
@@ -21,7 +22,7 @@ class RegisterAgentBody(Strict):
     lease_timeout_seconds: int | None = None
 
 
-@router.post("/v0/agents")
+@router.post("/v0/agents", openapi_extra=schema.operation(RegisterAgentBody, ok=(201, 200), answer=schema.AGENT))
 async def register_agent(request: Request) -> Response:
     await call(auth_of(request).principal, request, "agents:write")
     body = parse_model(RegisterAgentBody, await _body(request))
@@ -30,21 +31,21 @@ async def register_agent(request: Request) -> Response:
     return JSONResponse(agent_json(agent), status_code=201 if created else 200)
 
 
-@router.get("/v0/agents")
+@router.get("/v0/agents", openapi_extra=schema.operation(answer=schema.array(schema.AGENT)))
 async def list_agents(request: Request) -> Response:
     await call(auth_of(request).principal, request, "agents:read")
     rows = await call(agents.list_agents, kernel_of(request))
     return JSONResponse([agent_json(a) for a in rows])
 
 
-@router.get("/v0/agents/{agent_id}")
+@router.get("/v0/agents/{agent_id}", openapi_extra=schema.operation(answer=schema.AGENT))
 async def get_agent(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "agents:read")
     a = await call(agents.get_agent, kernel_of(request), agent_id)
     return JSONResponse(agent_json(a))
 
 
-@router.delete("/v0/agents/{agent_id}")
+@router.delete("/v0/agents/{agent_id}", openapi_extra=schema.operation(ok=204))
 async def delete_agent(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "agents:write")
     await call(agents.delete_agent, kernel_of(request), agent_id)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from pydantic import model_validator
 from starlette.responses import Response
 
+from kernel.api import schema
 from kernel.api.body import Strict, _Number, dumps_lexical, parse_model
 from kernel.api.deps import auth_of, call, kernel_of, lease, uuid_param
 from kernel.api.render import JSONResponse, execution_json, step_json
@@ -40,6 +41,14 @@ class SubmitBody(Strict):
         return data
 
 
+# What the document offers a client for the free-text fields the route checks itself.
+_SUBMIT_ENUMS: dict[str, dict[str, Any]] = {
+    "kind": {"enum": sorted(_KINDS)},
+    "idempotency": {"enum": ["safe_to_retry", "at_most_once"]},
+    "resources": {"type": "array", "items": {"type": "string"}},
+}
+
+
 class CompleteStepBody(Strict):
     result: Any = None
     captures: Any = None  # SDK extension: accepted, ignored
@@ -67,7 +76,8 @@ class MetadataBody(Strict):
     output_schema: Any = None
 
 
-@router.post("/v0/executions/{execution_id}/steps")
+@router.post("/v0/executions/{execution_id}/steps",
+             openapi_extra=schema.operation(SubmitBody, answer=schema.DECISION, overrides=_SUBMIT_ENUMS))
 async def submit_step(execution_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request)
     eid = uuid_param(execution_id, "execution id")
@@ -113,17 +123,19 @@ async def _outcome(request: Request, execution_id: str, step_id: str, failed: bo
     return JSONResponse(answer.to_json())
 
 
-@router.post("/v0/executions/{execution_id}/steps/{step_id}/complete")
+@router.post("/v0/executions/{execution_id}/steps/{step_id}/complete",
+             openapi_extra=schema.operation(CompleteStepBody, answer=schema.DECISION))
 async def complete_step(execution_id: str, step_id: str, request: Request) -> Response:
     return await _outcome(request, execution_id, step_id, failed=False)
 
 
-@router.post("/v0/executions/{execution_id}/steps/{step_id}/fail")
+@router.post("/v0/executions/{execution_id}/steps/{step_id}/fail",
+             openapi_extra=schema.operation(FailStepBody, answer=schema.DECISION))
 async def fail_step(execution_id: str, step_id: str, request: Request) -> Response:
     return await _outcome(request, execution_id, step_id, failed=True)
 
 
-@router.post("/v0/executions/{execution_id}/heartbeat")
+@router.post("/v0/executions/{execution_id}/heartbeat", openapi_extra=schema.operation(ok=204))
 async def heartbeat(execution_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request)
     eid = uuid_param(execution_id, "execution id")
@@ -132,7 +144,8 @@ async def heartbeat(execution_id: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/v0/executions/{execution_id}/complete")
+@router.post("/v0/executions/{execution_id}/complete",
+             openapi_extra=schema.operation(CompleteExecutionBody, body_required=False, ok=204))
 async def complete_execution(execution_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request)
     eid = uuid_param(execution_id, "execution id")
@@ -152,7 +165,8 @@ async def suspend(execution_id: str, request: Request) -> Response:
     return JSONResponse({"suspended": suspended})
 
 
-@router.post("/v0/executions/{execution_id}/fail")
+@router.post("/v0/executions/{execution_id}/fail",
+             openapi_extra=schema.operation(FailExecutionBody, body_required=False, ok=204))
 async def fail_execution(execution_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request)
     eid = uuid_param(execution_id, "execution id")
@@ -163,7 +177,8 @@ async def fail_execution(execution_id: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-@router.put("/v0/agents/{agent_id}/metadata")
+@router.put("/v0/agents/{agent_id}/metadata",
+            openapi_extra=schema.operation(MetadataBody, body_required=False, ok=204))
 async def put_metadata(agent_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request)
     if a.agent_id != agent_id:
@@ -206,7 +221,7 @@ async def _reader(request: Request) -> str | None:
     return None
 
 
-@router.get("/v0/executions/{execution_id}")
+@router.get("/v0/executions/{execution_id}", openapi_extra=schema.operation(answer=schema.EXECUTION))
 async def get_execution(execution_id: str, request: Request) -> Response:
     agent_id = await _reader(request)
     eid = uuid_param(execution_id, "execution id")
@@ -221,7 +236,7 @@ async def previous(execution_id: str, request: Request) -> Response:
     return JSONResponse(await call(sessions.previous_state, kernel_of(request), eid, agent_id))
 
 
-@router.get("/v0/executions/{execution_id}/steps")
+@router.get("/v0/executions/{execution_id}/steps", openapi_extra=schema.operation(answer=schema.array(schema.STEP)))
 async def list_steps(execution_id: str, request: Request, status: str | None = None) -> Response:
     agent_id = await _reader(request)
     eid = uuid_param(execution_id, "execution id")
@@ -229,7 +244,7 @@ async def list_steps(execution_id: str, request: Request, status: str | None = N
     return JSONResponse([step_json(s) for s in rows])
 
 
-@router.get("/v0/executions/{execution_id}/steps/{step_id}")
+@router.get("/v0/executions/{execution_id}/steps/{step_id}", openapi_extra=schema.operation(answer=schema.STEP))
 async def get_step(execution_id: str, step_id: str, request: Request) -> Response:
     agent_id = await _reader(request)
     eid = uuid_param(execution_id, "execution id")

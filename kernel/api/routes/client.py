@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from kernel.api import schema
 from kernel.api.body import Strict, parse_model, read_body
 from kernel.api.deps import auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse, approval_json, event_json, execution_json
@@ -79,7 +80,8 @@ def _int_param(value: str | None, default: int, name: str, *, lo: int = 0, hi: i
     return min(n, hi) if hi is not None else n
 
 
-@router.post("/v0/executions", status_code=201)
+@router.post("/v0/executions", status_code=201,
+             openapi_extra=schema.operation(CreateExecutionBody, ok=(201, 200), answer=schema.EXECUTION))
 async def create_execution(request: Request) -> Response:
     auth = auth_of(request)
     await call(auth.principal, request, "executions:write")
@@ -91,7 +93,9 @@ async def create_execution(request: Request) -> Response:
     return JSONResponse(execution_json(e, []), status_code=201 if created else 200)
 
 
-@router.get("/v0/executions")
+@router.get("/v0/executions", openapi_extra=schema.operation(answer=schema.EXECUTION_PAGE, query={
+    "agent_id": schema.TEXT, "status": schema.TEXT, "cursor": schema.ID,
+    "limit": {"type": "integer", "minimum": 1, "maximum": 200}}))
 async def list_executions(request: Request) -> Response:
     await call(auth_of(request).principal, request, "executions:read")
     q = request.query_params
@@ -107,7 +111,9 @@ async def list_executions(request: Request) -> Response:
     return JSONResponse(out)
 
 
-@router.get("/v0/executions/{execution_id}/events")
+@router.get("/v0/executions/{execution_id}/events", openapi_extra=schema.operation(
+    answer=schema.array(schema.EVENT), query={"after_seq": {"type": "integer", "minimum": 0},
+                                              "limit": {"type": "integer", "minimum": 1, "maximum": 1000}}))
 async def list_events(execution_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "executions:read")
     eid = uuid_param(execution_id, "execution id")
@@ -126,7 +132,7 @@ async def list_events(execution_id: str, request: Request) -> Response:
     return JSONResponse([event_json(e) for e in rows])
 
 
-@router.post("/v0/executions/{execution_id}/cancel")
+@router.post("/v0/executions/{execution_id}/cancel", openapi_extra=schema.operation(ok=204))
 async def cancel_execution(execution_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "executions:write")
     eid = uuid_param(execution_id, "execution id")
@@ -156,7 +162,8 @@ def _fork_bundle(value: str | dict[str, Any] | None) -> forks.ForkBundle | None:
     raise ValidationError('validation error: policy_bundle is YAML text or {"kind", "bundle"}')
 
 
-@router.post("/v0/executions/{execution_id}/fork", status_code=201)
+@router.post("/v0/executions/{execution_id}/fork", status_code=201,
+             openapi_extra=schema.operation(ForkBody, ok=201, answer=schema.EXECUTION))
 async def fork_execution(execution_id: str, request: Request) -> Response:
     auth = auth_of(request)
     await call(auth.principal, request, "executions:write")
@@ -176,7 +183,8 @@ async def fork_points(execution_id: str, request: Request) -> Response:
     return JSONResponse(await call(forks.fork_points, kernel_of(request), eid))
 
 
-@router.get("/v0/approvals")
+@router.get("/v0/approvals", openapi_extra=schema.operation(answer=schema.array(schema.APPROVAL), query={
+    "status": {"type": "string", "enum": ["pending", "granted", "denied", "expired", "all"]}}))
 async def list_approvals(request: Request) -> Response:
     await call(auth_of(request).principal, request, "approvals:read")
     status = request.query_params.get("status") or "pending"
@@ -184,7 +192,7 @@ async def list_approvals(request: Request) -> Response:
     return JSONResponse([approval_json(a) for a in rows])
 
 
-@router.get("/v0/approvals/{approval_id}")
+@router.get("/v0/approvals/{approval_id}", openapi_extra=schema.operation(answer=schema.APPROVAL))
 async def get_approval(approval_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "approvals:read")
     aid = uuid_param(approval_id, "approval id")
@@ -201,11 +209,13 @@ async def _decide(request: Request, approval_id: str, grant: bool) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/v0/approvals/{approval_id}/grant")
+@router.post("/v0/approvals/{approval_id}/grant",
+             openapi_extra=schema.operation(DecideBody, body_required=False, ok=204))
 async def grant(approval_id: str, request: Request) -> Response:
     return await _decide(request, approval_id, True)
 
 
-@router.post("/v0/approvals/{approval_id}/deny")
+@router.post("/v0/approvals/{approval_id}/deny",
+             openapi_extra=schema.operation(DecideBody, body_required=False, ok=204))
 async def deny(approval_id: str, request: Request) -> Response:
     return await _decide(request, approval_id, False)

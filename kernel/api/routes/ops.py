@@ -7,18 +7,19 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from kernel.api import schema
 from kernel.api.deps import call, kernel_of
 from kernel.api.render import JSONResponse
 
 router = APIRouter()
 
 
-@router.get("/v0/health")
+@router.get("/v0/health", openapi_extra=schema.operation(answer=schema.STATUS))
 async def health() -> Response:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/v0/ready")
+@router.get("/v0/ready", openapi_extra=schema.operation(answer=schema.STATUS))
 async def ready(request: Request) -> Response:
     k = kernel_of(request)
     try:

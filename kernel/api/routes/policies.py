@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from kernel.api import schema
 from kernel.api.body import Strict, parse_model
 from kernel.api.deps import auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse
@@ -74,7 +75,7 @@ def actor_of(request: Request, principal: Principal) -> Actor:
     return Actor(principal.name, principal.credential.value)
 
 
-@router.post("/v0/policies/{agent_id}")
+@router.post("/v0/policies/{agent_id}", openapi_extra=schema.operation(StoreBody, body_required=False, ok=204))
 async def store_policy(agent_id: str, request: Request) -> Response:
     principal = await call(auth_of(request).principal, request, "policies:write")
     kind, content = await bundle_of(request)
@@ -82,14 +83,14 @@ async def store_policy(agent_id: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/v0/policies/{agent_id}")
+@router.get("/v0/policies/{agent_id}", openapi_extra=schema.operation(answer=schema.POLICY))
 async def get_policy(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write")
     r = await call(policies.active_policy, kernel_of(request), agent_id)
     return JSONResponse(_json(r))
 
 
-@router.get("/v0/policies/{agent_id}/revisions")
+@router.get("/v0/policies/{agent_id}/revisions", openapi_extra=schema.operation(answer=schema.array(schema.POLICY)))
 async def list_revisions(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write")
     rows = await call(policies.list_revisions, kernel_of(request), agent_id)
@@ -104,7 +105,7 @@ async def get_revision(agent_id: str, policy_hash: str, request: Request) -> Res
     return JSONResponse(_json(r))
 
 
-@router.post("/v0/policies/{agent_id}/revisions/{seq}/activate")
+@router.post("/v0/policies/{agent_id}/revisions/{seq}/activate", openapi_extra=schema.operation(ok=204))
 async def activate(agent_id: str, seq: int, request: Request) -> Response:
     principal = await call(auth_of(request).principal, request, "policies:write")
     await call(policies.activate_revision, kernel_of(request), agent_id, seq, actor_of(request, principal))
@@ -130,7 +131,8 @@ def _candidate(body: TestBody) -> Candidate | None:
     return Candidate(body.kind, body.bundle)
 
 
-@router.post("/v0/policies/{agent_id}/test")
+@router.post("/v0/policies/{agent_id}/test",
+             openapi_extra=schema.operation(TestBody, body_required=False, answer=schema.TEST_REPORT))
 async def test_policy(agent_id: str, request: Request) -> Response:
     """rebuno-v0 §4.5: `execution_id` → replay it (cases ignored); else run `cases`."""
     await call(auth_of(request).principal, request, "policies:write", "executions:read")

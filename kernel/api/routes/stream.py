@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.responses import Response
 
+from kernel.api import schema
 from kernel.api.body import Strict, parse_model
 from kernel.api.deps import auth_of, call, kernel_of, uuid_param
 from kernel.core import executions, steps
@@ -34,7 +35,7 @@ def broker_of(request: Request) -> StreamBroker:
     return state.stream_broker  # type: ignore[no-any-return]
 
 
-@router.post("/v0/executions/{execution_id}/steps/{step_id}/stream")
+@router.post("/v0/executions/{execution_id}/steps/{step_id}/stream", openapi_extra=schema.operation(DeltaBody, ok=204))
 async def publish_delta(execution_id: str, step_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request)
     eid = uuid_param(execution_id, "execution id")
@@ -48,7 +49,7 @@ async def publish_delta(execution_id: str, step_id: str, request: Request) -> Re
     return Response(status_code=204)
 
 
-@router.get("/v0/executions/{execution_id}/stream")
+@router.get("/v0/executions/{execution_id}/stream", openapi_extra=schema.SSE)
 async def subscribe(execution_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "executions:read")
     eid = uuid_param(execution_id, "execution id")

@@ -1,0 +1,130 @@
+"""The OpenAPI description of what the routes read and answer.
+
+The routes parse their own bodies and query strings (`kernel/api/body.py`: the signature covers
+the raw bytes, submit keeps number lexemes), so FastAPI sees no body parameter. Each route names
+its body, query and answers here as `openapi_extra`, built once at import: nothing in this module
+runs per request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+TEXT = {"type": "string"}
+TIME = {"type": "string", "format": "date-time"}
+ANY: dict[str, Any] = {}
+ID = {"type": "string", "format": "uuid"}
+
+
+def _object(required: tuple[str, ...], **props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": list(required), "properties": props}
+
+
+ERROR = _object(("code", "message"), code=TEXT, message=TEXT, details={"type": "object"})
+EXECUTION = _object(
+    ("id", "agent_id", "status", "created_at", "updated_at"),
+    id=ID, agent_id=TEXT, input=ANY, output=ANY, failure_reason=TEXT, deadline_at=TIME,
+    idempotency_key=TEXT, created_at=TIME, updated_at=TIME,
+    status={"type": "string", "enum": ["pending", "running", "blocked", "completed", "failed", "cancelled"]},
+)
+STEP = _object(
+    ("step_id", "execution_id", "kind", "target", "args_hash", "occurrence", "status", "idempotency"),
+    step_id=TEXT, execution_id=ID, kind=TEXT, target=TEXT, args_hash=TEXT,
+    occurrence={"type": "integer"}, status=TEXT, idempotency=TEXT, args=ANY, result=ANY, error=ANY,
+    started_at=TIME, completed_at=TIME, usage_input={"type": "integer"}, usage_output={"type": "integer"},
+)
+DECISION = _object(
+    ("decision",),
+    decision={"type": "string", "enum": ["proceed", "replay", "denied", "rate_limited", "blocked",
+                                         "execution_blocked", "execution_terminal"]},
+    step_id=TEXT, result=ANY, error=ANY, approval_id=TEXT, reason=TEXT, rule_id=TEXT,
+)
+EVENT = _object(("execution_id", "event_seq", "type", "payload", "occurred_at"),
+                execution_id=ID, event_seq={"type": "integer"}, type=TEXT, payload=ANY, occurred_at=TIME)
+APPROVAL = _object(("id", "step_id", "execution_id", "status"),
+                   id=ID, step_id=TEXT, execution_id=ID, status=TEXT, approvers={"type": "array"},
+                   message=TEXT, decided_by=TEXT, asserted_by=TEXT, rationale=TEXT,
+                   timeout_at=TIME, created_at=TIME, decided_at=TIME)
+AGENT = _object(("id", "webhook_url", "registered_at"), id=TEXT, webhook_url=TEXT, registered_at=TIME,
+                policy_bundle=TEXT, lease_timeout_seconds={"type": "integer"}, description=TEXT)
+POLICY = _object(("agent_id", "seq", "kind", "revision", "active", "created_at"),
+                 agent_id=TEXT, seq={"type": "integer"}, kind=TEXT, revision=TEXT,
+                 active={"type": "boolean"}, created_at=TIME, bundle=ANY)
+TEST_REPORT = _object(("results", "failed"), results={"type": "array"}, failed={"type": "integer"})
+STATUS = _object(("status",), status=TEXT)
+EXECUTION_PAGE = _object(("executions",), executions={"type": "array", "items": EXECUTION}, next_cursor=ID)
+SSE = {"responses": {"200": {"description": "Server-Sent Events (docs/stream.md)",
+                             "content": {"text/event-stream": {"schema": TEXT}}},
+                     "4XX": {"description": "the error envelope", "content": {"application/json": {"schema": ERROR}}}}}
+
+
+def array(item: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": item}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def operation(
+    body: type[BaseModel] | None = None,
+    *,
+    body_required: bool = True,
+    ok: int | tuple[int, ...] = 200,
+    answer: dict[str, Any] | None = None,
+    query: dict[str, dict[str, Any]] | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """`openapi_extra` for one route: its JSON body (from the pydantic model it parses), its query
+    parameters, its success answer (`answer` = the body's schema, None = no body) and the error
+    envelope on every 4xx/5xx."""
+    success = {str(code): {"description": "OK", **(_json(answer) if answer is not None else {})}
+               for code in (ok if isinstance(ok, tuple) else (ok,))}
+    out: dict[str, Any] = {"responses": {
+        **success,
+        "4XX": {"description": "the error envelope", **_json(ERROR)},
+        "5XX": {"description": "the error envelope", **_json(ERROR)},
+    }}
+    if body is not None:
+        schema = body.model_json_schema()
+        for name, extra in (overrides or {}).items():
+            schema["properties"][name] = {**schema["properties"][name], **extra}
+        out["requestBody"] = {"required": body_required, **_json(schema)}
+    if query:
+        out["parameters"] = [{"name": n, "in": "query", "required": False, "schema": s}
+                             for n, s in query.items()]
+    return out
+
+
+def install(app: FastAPI) -> None:
+    """Post-process the generated document once: the routes answer 400 (not FastAPI's 422) for a
+    bad parameter, and say how each caller authenticates."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = build()
+        for item in doc.get("paths", {}).values():
+            for op in item.values():
+                answers = op.get("responses", {})
+                answers.pop("422", None)
+                if "204" in answers and answers.get("200", {}).get("description") == "Successful Response":
+                    del answers["200"]  # FastAPI's default: these routes answer 204 and no body
+        schemas = doc.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        if not schemas:
+            doc.get("components", {}).pop("schemas", None)
+        doc.setdefault("components", {})["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "agentSignature": {"type": "apiKey", "in": "header", "name": "Rebuno-Signature",
+                               "description": "the v1 request signature (docs/api.md, Authentication)"},
+        }
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
