@@ -16,14 +16,18 @@ dev: $(STAMP)
 	$(BIN)/regent dev
 
 test: $(STAMP)
-	$(BIN)/ruff check kernel tests bench
+	$(BIN)/ruff check kernel tests bench reliability
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/regent bench
 
+# The reliability suite (docs/reliability.md); RELIABILITY_ARGS=--quick for the short profile.
+reliability: $(STAMP)
+	$(BIN)/regent chaos $(RELIABILITY_ARGS)
+
 lint: $(STAMP)
-	$(BIN)/ruff check kernel tests bench
+	$(BIN)/ruff check kernel tests bench reliability
 	$(BIN)/mypy
 
-.PHONY: install dev test bench lint
+.PHONY: install dev test bench reliability lint
