@@ -70,9 +70,7 @@ def audit_one(http: httpx.Client, eid: str, out: Audit) -> None:
         n = terminal.get(s["step_id"], 0)
         if n > 1:
             out.terminal_events_duplicated.append(f"{eid}/{s['step_id']}")
-        if s["status"] in ("succeeded", "failed", "denied", "cancelled") and n != 1:
-            out.steps_without_one_terminal.append(f"{eid}/{s['step_id']}:{s['status']}:{n}")
-        elif s["status"] not in ("succeeded", "failed", "denied", "cancelled") and e["status"] == "completed":
+        if (s["status"] in ("succeeded", "failed", "denied", "cancelled") and n != 1) or (s["status"] not in ("succeeded", "failed", "denied", "cancelled") and e["status"] == "completed"):
             out.steps_without_one_terminal.append(f"{eid}/{s['step_id']}:{s['status']}:{n}")
 
 

@@ -15,7 +15,15 @@ from pathlib import Path
 import httpx
 
 from reliability.audit import audit, effect_counts, first
-from reliability.procs import FAST_DISPATCH, TOKEN, Agent, Kernel, effect_lines, free_port, write_manifest
+from reliability.procs import (
+    FAST_DISPATCH,
+    TOKEN,
+    Agent,
+    Kernel,
+    effect_lines,
+    free_port,
+    write_manifest,
+)
 from reliability.report import Outcome
 
 

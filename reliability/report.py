@@ -25,6 +25,7 @@ class Outcome:
     figures: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     skipped: str = ""  # why it did not run (a missing service), never a pass
+    details: dict[str, Any] = field(default_factory=dict)  # for --json: every case and failure
 
     def check(self, name: str, ok: bool, detail: str = "") -> bool:
         self.checks.append(Check(name, bool(ok), detail))

@@ -99,6 +99,9 @@ def operation(
     return out
 
 
+_UUID_PARAMS = frozenset({"execution_id", "approval_id"})
+
+
 def install(app: FastAPI) -> None:
     """Post-process the generated document once: the routes answer 400 (not FastAPI's 422) for a
     bad parameter, and say how each caller authenticates."""
@@ -114,6 +117,9 @@ def install(app: FastAPI) -> None:
                 answers.pop("422", None)
                 if "204" in answers and answers.get("200", {}).get("description") == "Successful Response":
                     del answers["200"]  # FastAPI's default: these routes answer 204 and no body
+                for param in op.get("parameters", []):
+                    if param["in"] == "path" and param["name"] in _UUID_PARAMS:
+                        param["schema"] = {**param["schema"], "format": "uuid"}
         schemas = doc.get("components", {}).get("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)

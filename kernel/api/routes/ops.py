@@ -35,7 +35,7 @@ async def ready(request: Request) -> Response:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics")
+@router.get("/metrics", openapi_extra=schema.operation())
 async def metrics(request: Request) -> Response:
     registry = request.app.state.metrics_registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

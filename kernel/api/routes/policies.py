@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
 from kernel.api import schema
@@ -23,6 +23,7 @@ from kernel.errors import ValidationError
 from kernel.policy.replay import result_json
 
 router = APIRouter()
+_MAX_SEQ = 2**63 - 1  # a revision seq is a 64-bit column: a larger one is a 400, not a driver overflow
 
 
 class StoreBody(Strict):
@@ -106,7 +107,7 @@ async def get_revision(agent_id: str, policy_hash: str, request: Request) -> Res
 
 
 @router.post("/v0/policies/{agent_id}/revisions/{seq}/activate", openapi_extra=schema.operation(ok=204))
-async def activate(agent_id: str, seq: int, request: Request) -> Response:
+async def activate(agent_id: str, request: Request, seq: int = Path(ge=1, le=_MAX_SEQ)) -> Response:
     principal = await call(auth_of(request).principal, request, "policies:write")
     await call(policies.activate_revision, kernel_of(request), agent_id, seq, actor_of(request, principal))
     return Response(status_code=204)

@@ -1,0 +1,70 @@
+"""The served OpenAPI document describes the bodies the routes parse themselves, so a client (or a
+fuzzer) built from it sends what the routes read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import ServerThread
+
+BODIES = {
+    ("post", "/v0/executions/{execution_id}/steps"): {"kind", "target", "args", "idempotency", "resources"},
+    ("post", "/v0/executions/{execution_id}/steps/{step_id}/complete"): {"result"},
+    ("post", "/v0/executions/{execution_id}/steps/{step_id}/fail"): {"error"},
+    ("post", "/v0/executions/{execution_id}/complete"): {"output"},
+    ("post", "/v0/executions/{execution_id}/fail"): {"error"},
+    ("put", "/v0/agents/{agent_id}/metadata"): {"description", "input_schema", "output_schema"},
+    ("post", "/v0/executions/{execution_id}/steps/{step_id}/stream"): {"seq", "data"},
+    ("post", "/v0/executions"): {"agent_id", "input", "idempotency_key"},
+    ("post", "/v0/approvals/{approval_id}/grant"): {"decided_by", "rationale"},
+    ("post", "/v0/agents"): {"id", "webhook_url", "secret", "lease_timeout_seconds"},
+    ("post", "/v0/policies/{agent_id}"): {"bundle", "kind"},
+    ("post", "/v0/policies/{agent_id}/test"): {"bundle", "kind", "cases", "execution_id"},
+}
+
+
+@pytest.fixture
+def doc(server: ServerThread) -> dict[str, Any]:
+    r = httpx.get(f"{server.url}/openapi.json")
+    assert r.status_code == 200
+    return dict(r.json())
+
+
+@pytest.mark.parametrize(("method", "path"), list(BODIES), ids=[f"{m} {p}" for m, p in BODIES])
+def test_document_describes_the_request_body(doc: dict[str, Any], method: str, path: str) -> None:
+    schema = doc["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]
+    assert BODIES[(method, path)] <= set(schema["properties"])
+    assert schema["additionalProperties"] is False  # bodies are strict
+
+
+def test_submit_body_offers_the_step_kinds(doc: dict[str, Any]) -> None:
+    props = doc["paths"]["/v0/executions/{execution_id}/steps"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]["properties"]
+    assert set(props["kind"]["enum"]) == {"tool_call", "llm_call", "local"}
+
+
+def test_every_operation_documents_the_error_envelope_and_never_422(doc: dict[str, Any]) -> None:
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            answers = op["responses"]
+            assert "422" not in answers, (method, path)
+            envelope = answers["4XX"]["content"]["application/json"]["schema"]
+            assert envelope["required"] == ["code", "message"], (method, path)
+
+
+def test_list_routes_document_their_query_parameters(doc: dict[str, Any]) -> None:
+    names = {p["name"] for p in doc["paths"]["/v0/executions"]["get"]["parameters"]}
+    assert {"agent_id", "status", "cursor", "limit"} <= names
+    events = {p["name"] for p in doc["paths"]["/v0/executions/{execution_id}/events"]["get"]["parameters"]}
+    assert {"after_seq", "limit"} <= events
+
+
+def test_success_answers_are_described(doc: dict[str, Any]) -> None:
+    create = doc["paths"]["/v0/executions"]["post"]["responses"]
+    assert {"201", "200"} <= set(create)
+    assert "status" in create["201"]["content"]["application/json"]["schema"]["properties"]
+    heartbeat = doc["paths"]["/v0/executions/{execution_id}/heartbeat"]["post"]["responses"]
+    assert "204" in heartbeat and "200" not in heartbeat
