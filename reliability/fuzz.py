@@ -116,6 +116,7 @@ class Fuzzer:
         self.by_op: dict[str, Counter[int]] = {}
         self.bad: list[str] = []  # ≥ 500, or a 4xx without the envelope, or a transport failure
         self.sent = 0
+        self.last_status = 0
 
     def step_ids(self, eid: str) -> list[str]:
         r = self.http.get(f"/v0/executions/{eid}/steps", headers=self.k.bearer())
@@ -138,7 +139,7 @@ class Fuzzer:
             lease = self.rec.leases.get(self.rnd.choice(self.live))
         path = case.path
         for name, value in params.items():
-            path = path.replace("{" + name + "}", quote(str(value), safe=""))
+            path = path.replace("{" + name + "}", quote(str(value).encode("utf-8", "surrogatepass"), safe=""))
         body = b""
         headers: dict[str, str] = {}
         if case.body is not None and type(case.body).__name__ != "NotSet":
@@ -151,6 +152,14 @@ class Fuzzer:
                     value = {**value, "webhook_url": f"http://127.0.0.1:{self.rec.port}/webhook"}
             body = json.dumps(value).encode()
             headers["Content-Type"] = "application/json"
+            try:
+                json.dumps(value, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                tag = " (lone surrogate in body)"
+            else:
+                tag = " (NUL in body)" if b"\\u0000" in body else ""
+        else:
+            tag = ""
         query = {k: v for k, v in (case.query or {}).items()}
         qs = httpx.QueryParams(query)
         target = path + (f"?{qs}" if query else "")
@@ -161,6 +170,7 @@ class Fuzzer:
         else:
             headers.update(self.k.bearer())
         self.sent += 1
+        after_500 = self.last_status == 500
         try:
             if case.path.endswith("/stream") and method == "GET":
                 with self.http.stream(method, target, headers=headers, timeout=10) as r:
@@ -171,14 +181,16 @@ class Fuzzer:
                 r = self.http.request(method, target, content=body, headers=headers)
                 status = r.status_code
         except httpx.HTTPError as exc:
-            self.bad.append(f"{op}: {type(exc).__name__}")
+            self.bad.append(f"{op}: {type(exc).__name__}" + (" (after a 500: keep-alive reset)" if after_500 else ""))
+            self.last_status = 0
             self.http.close()
             self.http = httpx.Client(base_url=self.k.url, timeout=30)
             return
         self.statuses[status] += 1
+        self.last_status = status
         self.by_op.setdefault(op, Counter())[status] += 1
         if status >= 500:
-            self.bad.append(f"{op} → {status} {r.text[:120]!r}")
+            self.bad.append(f"{op} → {status}{tag} {r.text[:80]!r}")
         elif status >= 400 and not envelope_ok(r):
             self.bad.append(f"{op} → {status} without the envelope {r.text[:80]!r}")
 
@@ -311,15 +323,16 @@ def run(tmp: Path, *, requests: int, seed: int, seconds: float = 150.0) -> Outco
         two_xx = sum(n for s, n in fz.statuses.items() if s < 300)
         out.check(f"≥ {requests} requests over {n_ops} operations", fz.sent >= requests, f"{fz.sent} sent")
         out.check("0 answers ≥ 500, every 4xx in the envelope, no reset",
-                  not fz.bad, f"{len(fz.bad)}: {first(fz.bad, 2)}" if fz.bad else "")
+                  not fz.bad, f"{len(fz.bad)}: {first(fz.bad, 2)}" if fz.bad else "", items=fz.bad)
         out.check("past validation (2xx answers)", two_xx > 0, f"{two_xx}")
         out.check("kernel alive after", health == 200 and k.alive())
         failed = [f"{n} → {s} {d}" for n, s, d, ok in hand if not ok]
-        out.check(f"hand list: a clear 4xx each ({len(hand)})", not failed, first(failed, 4))
+        out.check(f"hand list: a clear 4xx each ({len(hand)})", not failed, first(failed, 4), items=failed)
         # 2^70 may be stored (one execution), nothing else may be.
         stored_big = sum(1 for n, s, _, _ in hand if n == "2^70 in input" and s in (200, 201))
+        written = [f"{n} → {s}" for n, s, _, _ in hand if s in (200, 201) and n != "2^70 in input"]
         out.check("hand list wrote nothing", after[0] == before[0] and after[1] - before[1] == stored_big,
-                  f"agents {before[0]}→{after[0]}, executions {before[1]}→{after[1]}")
+                  f"agents {before[0]}→{after[0]}, executions {before[1]}→{after[1]}", items=written or None)
         out.figures = {"requests": fz.sent, "operations": n_ops,
                        "statuses": " ".join(f"{s}×{n}" for s, n in sorted(fz.statuses.items()))}
         out.details = {"hand": hand, "bad": fz.bad[:50], "by_op": {o: dict(c) for o, c in fz.by_op.items()}}

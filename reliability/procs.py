@@ -222,6 +222,11 @@ class PrivatePostgres:
     def start(self) -> PrivatePostgres:
         self.sock.mkdir(exist_ok=True)
         if os.geteuid() == 0:
+            # The server runs as postgres: it must reach its directory through ours (mkdtemp makes 0700).
+            for parent in self._tmp.parents:
+                if parent == Path("/") or parent.stat().st_uid != 0:
+                    break
+                parent.chmod(parent.stat().st_mode | 0o711)
             shutil.chown(self._tmp, "postgres")
             shutil.chown(self.sock, "postgres")
         self._run(_pg_bin("initdb"), "-D", str(self.dir), "-U", "postgres", "--auth=trust", "-E", "UTF8")
@@ -244,8 +249,8 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    def __init__(self, tmp: Path):
-        self.port = free_port()
+    def __init__(self, tmp: Path, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.dir = tmp
         self.proc: subprocess.Popen[bytes] | None = None

@@ -14,6 +14,8 @@ class Check:
     name: str
     ok: bool
     detail: str = ""
+    items: list[str] = field(default_factory=list)  # what failed, one entry per case
+    known: list[str] = field(default_factory=list)  # failed items that are known open defects
 
 
 @dataclass
@@ -27,13 +29,34 @@ class Outcome:
     skipped: str = ""  # why it did not run (a missing service), never a pass
     details: dict[str, Any] = field(default_factory=dict)  # for --json: every case and failure
 
-    def check(self, name: str, ok: bool, detail: str = "") -> bool:
-        self.checks.append(Check(name, bool(ok), detail))
+    def check(self, name: str, ok: bool, detail: str = "", items: list[str] | None = None) -> bool:
+        self.checks.append(Check(name, bool(ok), detail, list(items or [])))
         return bool(ok)
 
     @property
     def ok(self) -> bool:
         return not self.skipped and bool(self.checks) and all(c.ok for c in self.checks)
+
+
+def _line(c: Check) -> str:
+    if c.ok and c.known:
+        return f"[yellow]![/] {c.name}: known open: " + "; ".join(c.known[:4]) + (" …" if len(c.known) > 4 else "")
+    return ("[green]✓[/] " if c.ok else "[red]✗[/] ") + c.name + (f": {c.detail}" if c.detail else "")
+
+
+def apply_known(outcomes: list[Outcome], known: list[tuple[str, str]]) -> None:
+    """A check whose every failed item matches a known open defect (substring → why) holds, marked
+    as such; an item no pattern matches still fails it."""
+    for o in outcomes:
+        for c in o.checks:
+            if c.ok or not c.items:
+                continue
+            hits = [f"{item} ({why})" for item in c.items for pattern, why in known if pattern in item]
+            unknown = [item for item in c.items if not any(pattern in item for pattern, _ in known)]
+            if not unknown:
+                c.ok, c.known = True, hits
+            else:
+                c.detail = f"{len(unknown)}: " + "; ".join(unknown[:3]) + (" …" if len(unknown) > 3 else "")
 
 
 def render(outcomes: list[Outcome], console: Console, profile: str) -> None:
@@ -49,8 +72,7 @@ def render(outcomes: list[Outcome], console: Console, profile: str) -> None:
             verdict, held = "[yellow]SKIP[/]", o.skipped
         else:
             verdict = "[green]PASS[/]" if o.ok else "[red]FAIL[/]"
-            held = "\n".join(("[green]✓[/] " if c.ok else "[red]✗[/] ") + c.name + (f": {c.detail}" if c.detail else "")
-                             for c in o.checks)
+            held = "\n".join(_line(c) for c in o.checks)
         figs = "\n".join(f"{k}: {v}" for k, v in o.figures.items())
         t.add_row(verdict, f"{o.scenario} {o.title}", o.tried, held, figs, f"{o.seconds:.0f}")
     console.print(t)

@@ -45,7 +45,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RegentError)
     async def _regent(_: Request, exc: RegentError) -> Response:
         metrics.error(exc.code)
-        return error_response(exc.code, exc.message, exc.details)
+        response = error_response(exc.code, exc.message, exc.details)
+        if exc.code == "unavailable":
+            response.headers["Retry-After"] = "1"  # the store is down or full: worth retrying soon
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:

@@ -115,8 +115,10 @@ def install(app: FastAPI) -> None:
         doc["paths"] = {path: item for path, item in doc.get("paths", {}).items() if not path.startswith("/console")}
         for item in doc["paths"].values():
             for op in item.values():
-                answers = op.get("responses", {})
+                answers = op.setdefault("responses", {})
                 answers.pop("422", None)
+                for family in ("4XX", "5XX"):  # a route without its own description still answers the envelope
+                    answers.setdefault(family, {"description": "the error envelope", **_json(ERROR)})
                 if "204" in answers and answers.get("200", {}).get("description") == "Successful Response":
                     del answers["200"]  # FastAPI's default: these routes answer 204 and no body
                 for param in op.get("parameters", []):

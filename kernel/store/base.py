@@ -14,8 +14,10 @@ from typing import Any
 
 from sqlalchemy import Engine, bindparam, or_, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from kernel.domain import DispatchStatus
+from kernel.errors import StoreUnavailable
 from kernel.store import codec
 from kernel.store import tables as t
 from kernel.store.prepared import PreparedCache
@@ -61,10 +63,22 @@ class SqlStore:
                 conn = cached
                 break
             cached.close()  # stale: back to the pool, whose checkout pre-pings
-        if conn is None:
-            conn = self.engine.connect()
+        try:
+            if conn is None:
+                conn = self.engine.connect()
+        except DBAPIError as exc:
+            why = self.unavailable_reason(exc) or "cannot connect to the database"
+            raise StoreUnavailable(f"store unavailable: {why}") from exc
         try:
             yield conn
+        except Exception as exc:
+            # A database that cannot be reached or written (a lost connection, a full disk) is a
+            # 503 the client can retry, not an internal error; anything else stays what it is.
+            # (The hot path runs driver statements and commits, so driver errors arrive here too.)
+            reason = self.unavailable_reason(exc)
+            if reason is None:
+                raise
+            raise StoreUnavailable(f"store unavailable: {reason}") from exc
         finally:
             if (conn.invalidated or conn.closed or conn.in_transaction() or len(self._idle) >= _IDLE_MAX
                     or _driver_in_transaction(conn)):
@@ -73,6 +87,13 @@ class SqlStore:
                 self._idle.append((conn, time.monotonic()))
 
     # Dialect hooks -----------------------------------------------------------------------
+    def unavailable_reason(self, exc: BaseException) -> str | None:
+        """Why the database cannot serve right now (said without SQL or parameters: they may
+        hold agent input), or None when `exc` is some other fault."""
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            return "the database connection was lost"
+        return None
+
     def _lock_execution(self, conn: Connection, execution_id: str) -> None:
         raise NotImplementedError
 

@@ -7,9 +7,11 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from sqlalchemy import create_engine, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from kernel.store.base import SqlStore
 from kernel.store.prepared import Prepared
@@ -45,6 +47,19 @@ class PostgresStore(SqlStore):
             connect_args={"options": "-c lock_timeout=10000 -c statement_timeout=30000"},
         )
         super().__init__(engine, url)
+
+    def unavailable_reason(self, exc: BaseException) -> str | None:
+        # Connection failures (no SQLSTATE: refused, reset), class 08 (connection exception),
+        # 57 (operator intervention: admin shutdown, the server starting up) and 53 (insufficient
+        # resources: disk full, too many connections). Serialization failures and the like are
+        # not outages and keep their own meaning.
+        orig = exc.orig if isinstance(exc, DBAPIError) else exc
+        if isinstance(orig, psycopg.OperationalError):
+            state = getattr(orig, "sqlstate", None)
+            if state is None or state[:2] in ("08", "57", "53"):
+                return ("the database refused or lost the connection" if state is None or state[:2] != "53"
+                        else "the database is out of resources (disk or connections)")
+        return super().unavailable_reason(exc)
 
     def _lock_execution(self, conn: Connection, execution_id: str) -> None:
         # Transaction-scoped: released by COMMIT/ROLLBACK, so no code path can leak it.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -13,10 +14,21 @@ from sqlalchemy import create_engine, event, func
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.engine.url import make_url
+from sqlalchemy.exc import DBAPIError
 
 from kernel.errors import ConfigError
 from kernel.store.base import SqlStore, end_transaction
 from kernel.store.sql import Tx
+
+# SQLite's messages for a file that cannot be written or read right now (sqlite3 has no error codes
+# before 3.11's sqlite_errorcode, and these texts are stable across SQLite versions).
+_UNAVAILABLE = {
+    "database or disk is full": "the disk holding the database is full",
+    "disk i/o error": "a disk I/O error on the database file",
+    "unable to open database file": "the database file cannot be opened",
+    "attempt to write a readonly database": "the database file is read-only",
+    "database is locked": "the database file is locked",
+}
 
 
 class SqliteStore(SqlStore):
@@ -145,6 +157,15 @@ class SqliteStore(SqlStore):
                 entry[1] -= 1
                 if entry[1] == 0:
                     del self._locks[key]
+
+    def unavailable_reason(self, exc: BaseException) -> str | None:
+        orig = exc.orig if isinstance(exc, DBAPIError) else exc
+        if isinstance(orig, sqlite3.OperationalError):
+            text = str(orig).lower()
+            for needle, reason in _UNAVAILABLE.items():
+                if needle in text:
+                    return reason
+        return super().unavailable_reason(exc)
 
     def upsert(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> None:
         stmt = sqlite_insert(table).values(**values)

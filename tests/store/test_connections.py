@@ -24,6 +24,7 @@ from kernel.domain import (
     Step,
     StepStatus,
 )
+from kernel.errors import StoreUnavailable
 from kernel.identity import new_uuid7
 from kernel.store import SqlStore, open_store
 from kernel.store.base import _IDLE_MAX
@@ -133,9 +134,9 @@ def test_postgres_a_connection_whose_session_died_is_dropped_not_reused(pg_datab
         migrate(store)
         store.idle_fresh_seconds = 60.0  # hand the cached Connection out again without a ping
         _terminate(pg_database, _backend_pid(store))
-        with pytest.raises(DBAPIError) as info, store.read() as tx:
+        with pytest.raises(StoreUnavailable) as info, store.read() as tx:
             tx.get_agent("agent")
-        assert info.value.connection_invalidated
+        assert isinstance(info.value.__cause__, DBAPIError) and info.value.__cause__.connection_invalidated
         with store.read() as tx:  # the dead one was not put back: a new session answers
             assert tx.get_agent("nobody") is None
     finally:
