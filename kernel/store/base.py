@@ -69,6 +69,7 @@ class SqlStore:
         except DBAPIError as exc:
             why = self.unavailable_reason(exc) or "cannot connect to the database"
             raise StoreUnavailable(f"store unavailable: {why}") from exc
+        broken = False
         try:
             yield conn
         except Exception as exc:
@@ -78,9 +79,15 @@ class SqlStore:
             reason = self.unavailable_reason(exc)
             if reason is None:
                 raise
+            broken = True  # its transaction state is unknown: never hand it out again
             raise StoreUnavailable(f"store unavailable: {reason}") from exc
         finally:
-            if (conn.invalidated or conn.closed or conn.in_transaction() or len(self._idle) >= _IDLE_MAX
+            if broken:
+                try:
+                    conn.close()
+                except Exception:
+                    conn.invalidate()
+            elif (conn.invalidated or conn.closed or conn.in_transaction() or len(self._idle) >= _IDLE_MAX
                     or _driver_in_transaction(conn)):
                 conn.close()
             else:
