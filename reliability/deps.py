@@ -34,10 +34,10 @@ from reliability.procs import (
 from reliability.report import Outcome
 
 
-def postgres_restart(tmp: Path, writes: int) -> Outcome:
+def postgres_restart(tmp: Path, writes: int, restarts: int) -> Outcome:
     out = Outcome("R6", "PostgreSQL restarted mid-load",
                   tried=f"{writes} five-step executions on a private PostgreSQL, restarted "
-                        "(-m immediate) twice while they run")
+                        f"(-m immediate) {restarts}× while they run")
     started = time.monotonic()
     pg = PrivatePostgres(tmp)
     try:
@@ -62,11 +62,9 @@ def postgres_restart(tmp: Path, writes: int) -> Outcome:
                                            stats, stop, off)) for off in (0, 1)]
         for t in creators:
             t.start()
-        restarts = 0
-        for _ in range(2):
-            time.sleep(window / 3)
+        for _ in range(restarts):
+            time.sleep(window / (restarts + 1))
             pg.restart()
-            restarts += 1
         for t in creators:
             t.join(timeout=max(1.0, deadline - time.monotonic()))
         ready = False
@@ -256,9 +254,9 @@ def disk_full(tmp: Path, writes: int) -> Outcome:
     return out
 
 
-def run(tmp: Path, *, writes: int) -> list[Outcome]:
+def run(tmp: Path, *, writes: int, restarts: int) -> list[Outcome]:
     outs = []
-    for name, fn in (("pg", lambda d: postgres_restart(d, writes)), ("redis", redis_stopped),
+    for name, fn in (("pg", lambda d: postgres_restart(d, writes, restarts)), ("redis", redis_stopped),
                      ("disk", lambda d: disk_full(d, writes))):
         d = tmp / name
         d.mkdir(exist_ok=True)
