@@ -190,7 +190,7 @@ class Fuzzer:
         self.last_status = status
         self.by_op.setdefault(op, Counter())[status] += 1
         if status >= 500:
-            self.bad.append(f"{op} → {status}{tag} {r.text[:80]!r}")
+            self.bad.append(f"{op} → {status}{tag} {r.text[:60]!r} for {target[:80]!r} {body[:160]!r}")
         elif status >= 400 and not envelope_ok(r):
             self.bad.append(f"{op} → {status} without the envelope {r.text[:80]!r}")
 

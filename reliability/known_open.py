@@ -7,7 +7,6 @@ KNOWN_OPEN: list[tuple[str, str]] = [
     ("lone surrogate", "issue 18 §0: input-caused 500s"),
     ("after_seq = 2^63", "issue 18 §0: input-caused 500s"),
     ("path traversal in agent id (register)", "issue 18 §0: agent ids like ../x accepted"),
-    ("path traversal in execution id", "issue 18 §0: one error handler, the envelope always"),
     ("[replayed]", "issue 18 §0: signed-request replay cache"),
     ("expired keys", "issue 14: API keys with expiry"),
     ("after a 500: keep-alive reset", "issue 18 §0: a 500 resets the keep-alive connection"),

@@ -63,8 +63,9 @@ class Duplicator:
                     except httpx.HTTPError:
                         return 0
 
-                threading.Thread(target=send, args=("duplicate",), daemon=True).start()
                 codes = [send("delivered")]
+                # The exact duplicate follows the delivery, off the kernel's clock.
+                threading.Thread(target=send, args=("duplicate",), daemon=True).start()
                 if attempt == 1 and 200 in codes:
                     dup.forwarded["ack lost"] += 1
                     codes = [500]
@@ -109,7 +110,9 @@ def run(tmp: Path, *, pg_url: str, executions: int) -> Outcome:
         manifest = write_manifest(tmp / "regent.yaml", {"twin": dup.port})
         kernels = []
         for name in ("r1", "r2"):
-            k = Kernel(url, tmp / f"{name}.log", manifest=manifest, REGENT_REPLICA_ID=name, **FAST_DISPATCH)
+            # A delivery here is two hops (duplicator, agent): give it more than the forwarder's 5 s.
+            k = Kernel(url, tmp / f"{name}.log", manifest=manifest, REGENT_REPLICA_ID=name,
+                       **{**FAST_DISPATCH, "REGENT_DISPATCH_TIMEOUT": "15s"})
             kernels.append(k.start())
             stack.callback(k.stop)
         effects = tmp / "twin.effects"

@@ -6,7 +6,9 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from kernel.api.render import JSONResponse
@@ -49,6 +51,15 @@ def install(app: FastAPI) -> None:
         if exc.code == "unavailable":
             response.headers["Retry-After"] = "1"  # the store is down or full: worth retrying soon
         return response
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _router(request: Request, exc: StarletteHTTPException) -> Response:
+        # The router's own 404 (no route matches, e.g. an id holding an encoded "/") answers in the
+        # envelope like every other error; other router answers keep Starlette's handling.
+        if exc.status_code == 404:
+            metrics.error("not_found")
+            return error_response("not_found", f"not found: no route {request.method} {request.url.path[:200]}")
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:

@@ -238,3 +238,11 @@ def test_non_finite_numbers_are_400_not_500(server: ServerThread, running: Runni
     sid = agent_client.submit(eid, "t").json()["step_id"]
     r = agent_client.request("POST", f"/v0/executions/{eid}/steps/{sid}/complete", raw=raw)
     assert r.status_code == 400 and r.json()["code"] == "validation_error"
+
+
+@pytest.mark.parametrize("path", ["/v0/agents/..%2F..%2Fetc%2Fpasswd", "/v0/executions/..%2F..%2Fagents", "/v0/nothing"],
+                         ids=["agent-id-traversal", "execution-id-traversal", "unknown-route"])
+def test_a_path_no_route_matches_is_404_in_the_envelope(server: ServerThread, path: str) -> None:
+    r = httpx.get(server.url + path)
+    assert r.status_code == 404
+    assert r.json()["code"] == "not_found" and "message" in r.json()
