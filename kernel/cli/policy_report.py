@@ -197,6 +197,9 @@ def render_pretty(run: Run, out: Console, *, full_labels: bool) -> None:
     if lines is not None:
         total = lines["covered_lines"] + lines["not_covered_lines"]
         out.print(f"  line coverage {lines['coverage']:.1f}% ({lines['covered_lines']} of {total} Rego lines)")
+        for s in run.suites:
+            for problem in (s.line_coverage or {}).get("errors", []):
+                out.print(f"    {s.bundle.path}: line coverage incomplete: {problem}", style="yellow", markup=False)
         for file, entry in lines["files"].items():
             missing = ", ".join(_span(r) for r in entry.get("not_covered", []))
             if missing:

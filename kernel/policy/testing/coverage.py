@@ -44,4 +44,6 @@ class RegoLineCoverage:
         skipped = {self.bundle.display_path(p): why for p, why in self._probes.skipped.items()}
         if skipped:
             report["not_measured"] = skipped
+        if self.errors:  # the twin did not load or a probe failed: these figures are incomplete
+            report["errors"] = self.errors
         return report
