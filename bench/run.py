@@ -43,6 +43,7 @@ from bench.scenarios import (
     Target,
 )
 from bench.servers import DEFAULT_PG_URL, pg_scratch, pg_version, serve_bare, serve_kernel
+from bench.sessions import SESSIONS
 from bench.shadow import NAME as SHADOW_NAME
 from bench.shadow import SHADOW
 
@@ -54,7 +55,7 @@ console = Console(soft_wrap=True)
 if not console.is_terminal:
     console = Console(soft_wrap=True, width=160)  # piped to a file: do not squeeze the tables to 80
 TARGETS = ("bare", "sqlite", "postgres")
-LOCAL = [*LOCAL_SCENARIOS, JUDGE]  # in-process, or with servers of their own, after the shared targets
+LOCAL = [*LOCAL_SCENARIOS, JUDGE, SESSIONS]  # in-process, or with servers of their own, after the shared targets
 
 
 # -- running -----------------------------------------------------------------------------------------
