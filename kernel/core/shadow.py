@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from kernel.core import decision_log as dlog
 from kernel.core.kernel import Kernel
 from kernel.core.policies import Actor, PolicyRevision, _to_revision
 from kernel.core.ports import LimitOutcome, ShadowObservation
@@ -252,14 +253,17 @@ class Batch:
     tallies: dict[TallyKey, int] = field(default_factory=dict)
     disagreements: list[dict[str, Any]] = field(default_factory=list)
     last_error: str | None = None
+    logged: list[Judgement] = field(default_factory=list)  # disagreements and faults: decision-log entries
 
     def add(self, j: Judgement) -> None:
         key = j.tally_key
         self.tallies[key] = self.tallies.get(key, 0) + 1
         if j.error is not None:
             self.last_error = j.error
+            self.logged.append(j)
         elif not j.agreed:
             self.disagreements.append(disagreement_row(j))
+            self.logged.append(j)
 
     def drop(self, active_outcome: str) -> None:
         key = ("dropped", active_outcome, "")
@@ -288,13 +292,21 @@ def record(k: Kernel, batches: dict[int, Batch]) -> None:
     for shadow_id, b in batches.items():
         if not len(b):
             continue
-        with k.store.transaction(lock=f"shadow:{shadow_id}") as tx:
+        # The decision log gets the disagreements and faults once this transaction has committed.
+        with dlog.collect(k), k.store.transaction(lock=f"shadow:{shadow_id}") as tx:
             if tx.get_shadow(shadow_id) is None:
                 continue  # the agent was deleted meanwhile
             tx.add_shadow_tallies(shadow_id, b.tallies)
             tx.add_shadow_disagreements(b.disagreements)
             if b.last_error is not None:
                 tx.set_shadow_error(shadow_id, b.last_error)
+            for j in b.logged:
+                dlog.note_shadow(
+                    k, agent_id=j.obs.inp.agent_id, execution_id=j.obs.execution_id, step_id=j.obs.step_id,
+                    inp=j.obs.inp, active=j.obs.active, active_outcome=j.obs.outcome, shadow=j.decision,
+                    shadow_outcome=j.outcome,
+                    shadow_revision=(j.decision.policy_revision if j.decision else "") or j.ref.revision,
+                    now=j.obs.observed_at, error=j.error)
 
 
 def shadowing_refs(k: Kernel) -> list[ShadowRef]:

@@ -102,7 +102,8 @@ def test_sink_down_under_load_keeps_the_kernel_answering_and_never_logs_a_masked
             assert http.buffered() <= BUFFER
             dropped_while_down = _metric(srv.url, "regent_decision_log_dropped_total", sink="http",
                                          reason="buffer_full")
-            assert dropped_while_down >= 150 - BUFFER
+            # All but the buffer (and a batch that may be out for a retry at this instant) dropped.
+            assert dropped_while_down >= 150 - BUFFER - 10
             assert _metric(srv.url, "regent_decision_log_uploads_failed_total") >= 1
 
             collector = Collector(port)
@@ -110,7 +111,7 @@ def test_sink_down_under_load_keeps_the_kernel_answering_and_never_logs_a_masked
             collector.start()
             burst(60)
             assert http.buffered() <= BUFFER
-            assert collector.requests >= 1 and collector.count() == 0
+            assert _wait(lambda: collector.requests >= 1) and collector.count() == 0
 
             collector.status = 204  # back: the buffer drains
             assert _wait(lambda: http.buffered() == 0 and dl.buffered() == 0)
