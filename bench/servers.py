@@ -44,7 +44,8 @@ class Server:
         except OSError:
             return "(no log)"
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        """Up to 90 s: on the shared 2-CPU machine under heavy load a server can take a minute to boot."""
         """Until GET /v0/health answers 200 (bounded), or the process has died."""
         deadline = time.monotonic() + timeout
         while True:

@@ -22,6 +22,13 @@ from kernel.domain.decision import ShadowRef
 log = logging.getLogger("kernel.shadow")
 
 _BATCH = 256  # observations taken off the queue per pass
+# The breaker: a shadow that faults this many times in a row is not evaluated for a pause that
+# starts at _PAUSE_SECONDS and doubles up to _MAX_PAUSE_SECONDS while it keeps faulting; the steps
+# meanwhile are counted as `skipped`. A crashing shadow would otherwise cost a worker process per
+# step, and the CPU to start them is shared with the active path.
+_BREAKER_FAULTS = 3
+_PAUSE_SECONDS = 5.0
+_MAX_PAUSE_SECONDS = 300.0
 
 
 class ShadowRunner:
@@ -40,8 +47,10 @@ class ShadowRunner:
         self._outstanding = 0  # observed and queued, not yet written (or skipped)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._breaker: dict[int, tuple[int, float, float]] = {}  # id → (faults in a row, paused until, pause)
         self.judged = 0
         self.dropped = 0
+        self.skipped = 0
         self.faults = 0
 
     # -- ShadowObserver ---------------------------------------------------------------------
@@ -107,9 +116,17 @@ class ShadowRunner:
             items = self._take(0.0 if stopping else 0.05)
             taken += len(items)
             for obs in items:
-                j = self._judge(obs)
-                if j is not None:
-                    batches.setdefault(j.ref.id, Batch()).add(j)
+                ref = self._refs.get(obs.inp.agent_id)
+                if ref is None:
+                    continue  # the shadow was cleared or promoted meanwhile
+                batch = batches.setdefault(ref.id, Batch())
+                if self._suspended(ref.id):
+                    batch.skip(obs.outcome)
+                    self.skipped += 1
+                    continue
+                j = self._judge(ref, obs)
+                batch.add(j)
+                self._note(ref, j)
             now = time.monotonic()
             idle = self._queue.qsize() == 0
             # Under load, one write per shadow every flush_interval; when the queue runs dry, sooner.
@@ -138,10 +155,26 @@ class ShadowRunner:
                 break
         return items
 
-    def _judge(self, obs: ShadowObservation) -> Judgement | None:
-        ref = self._refs.get(obs.inp.agent_id)
-        if ref is None:
-            return None  # the shadow was cleared or promoted meanwhile
+    def _suspended(self, shadow_id: int) -> bool:
+        state = self._breaker.get(shadow_id)
+        return state is not None and state[1] > time.monotonic()
+
+    def _note(self, ref: ShadowRef, j: Judgement) -> None:
+        """Count consecutive faults per shadow; trip the breaker at _BREAKER_FAULTS."""
+        faults, until, pause = self._breaker.get(ref.id, (0, 0.0, 0.0))
+        if j.error is None:
+            self._breaker.pop(ref.id, None)
+            return
+        faults += 1
+        if faults >= _BREAKER_FAULTS:
+            pause = min(pause * 2, _MAX_PAUSE_SECONDS) if pause else _PAUSE_SECONDS
+            until = time.monotonic() + pause
+            faults = 0
+            log.warning("shadow %d of agent %s faulted %d times in a row (last: %s); not evaluated for %gs",
+                        ref.id, ref.agent_id, _BREAKER_FAULTS, j.error, pause)
+        self._breaker[ref.id] = (faults, until, pause)
+
+    def _judge(self, ref: ShadowRef, obs: ShadowObservation) -> Judgement:
         try:
             j = core.judge(self.kernel, self.policy, ref, obs)
         except Exception as exc:  # never lose the thread to one step

@@ -80,6 +80,7 @@ class _KernelCollector(Collector):
             ("regent_shadow_judged", "judged", "Steps judged by a shadow bundle in this process."),
             ("regent_shadow_faults", "faults", "Shadow judgements that timed out, crashed or errored."),
             ("regent_shadow_dropped", "dropped", "Steps not judged because the shadow queue was full."),
+            ("regent_shadow_skipped", "skipped", "Steps not judged while a faulting shadow was paused."),
         ):
             yield CounterMetricFamily(name, help, value=getattr(shadow, attr, 0))
         yield GaugeMetricFamily("regent_shadow_backlog", "Steps observed for a shadow, not yet recorded.",

@@ -97,6 +97,7 @@ def render(rep: dict[str, Any]) -> None:
     out.print(f"  evaluated {t['evaluated']}: [green]agreed {t['agreed']}[/green], "
               f"[red]disagreed {t['disagreed']}[/red], [yellow]errors {t['errors']}[/yellow]"
               + (f", dropped {t['dropped']}" if t["dropped"] else "")
+              + (f", skipped while paused {t['skipped']}" if t.get("skipped") else "")
               + (f" ({rep['pending']} pending)" if rep.get("pending") else ""), highlight=False)
     for title, items in (("disagreements", rep["disagreements"]), ("shadow errors", rep["errors"])):
         if items:

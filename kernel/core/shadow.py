@@ -269,6 +269,11 @@ class Batch:
         key = ("dropped", active_outcome, "")
         self.tallies[key] = self.tallies.get(key, 0) + 1
 
+    def skip(self, active_outcome: str) -> None:
+        """Not evaluated: the shadow is paused after consecutive faults."""
+        key = ("skipped", active_outcome, "")
+        self.tallies[key] = self.tallies.get(key, 0) + 1
+
     def __len__(self) -> int:
         return sum(self.tallies.values())
 
@@ -363,7 +368,7 @@ def _pairs(tallies: Iterable[Any], outcome: str) -> dict[str, int]:
 
 
 def _totals(tallies: Iterable[Any]) -> dict[str, int]:
-    by = {"agreed": 0, "disagreed": 0, "error": 0, "dropped": 0}
+    by = {"agreed": 0, "disagreed": 0, "error": 0, "dropped": 0, "skipped": 0}
     for r in tallies:
         by[r.outcome] = by.get(r.outcome, 0) + int(r.count)
     return {
@@ -372,4 +377,5 @@ def _totals(tallies: Iterable[Any]) -> dict[str, int]:
         "disagreed": by["disagreed"],
         "errors": by["error"],
         "dropped": by["dropped"],
+        "skipped": by["skipped"],
     }

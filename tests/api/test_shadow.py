@@ -109,7 +109,7 @@ def test_report_counts_exactly_what_was_submitted_and_agent_sees_only_active(
     large = [a for a in amounts if a > 1000]
     rep = _report(server, shadowed)
     assert rep["totals"] == {"evaluated": 10, "agreed": 10 - len(large), "disagreed": len(large), "errors": 0,
-                             "dropped": 0}
+                             "dropped": 0, "skipped": 0}
     assert rep["disagreements"] == {"allow→deny": len(large)}
     assert rep["agreements"] == {"allow→allow": 10 - len(large) - 1, "deny→deny": 1}
     assert rep["top_targets"] == [{"target": "transfer_funds", "count": len(large)}]

@@ -68,9 +68,45 @@ def test_hung_shadow_neither_delays_answers_nor_blocks_and_a_full_queue_is_count
         engine.release.set()
         assert runner.drain(30)
         rep = shadow.shadow_report(kernel, "shell")
-        assert rep["totals"] == {"evaluated": 4, "agreed": 0, "disagreed": 4, "errors": 0, "dropped": 6}
+        assert rep["totals"] == {"evaluated": 4, "agreed": 0, "disagreed": 4, "errors": 0, "dropped": 6, "skipped": 0}
         assert rep["disagreements"] == {"allow→deny": 4}
         assert rep["shadow"].created_by == "secops"
     finally:
         engine.release.set()
+        runner.close()
+
+
+class CrashingEngine:
+    """Every evaluation is a worker crash, as the Rego engine reports one."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def evaluate(self, ref: ShadowRef, inp: PolicyInput) -> Decision:
+        self.calls += 1
+        return Decision(Verdict.DENY, "eval-error", "rego worker crashed evaluating (killed by SIGSEGV)")
+
+
+def test_three_faults_in_a_row_pause_the_shadow_and_the_steps_meanwhile_are_skipped(
+    kernel: Kernel, running: Running,
+) -> None:
+    kernel.policy = BundleResolver(kernel.store)
+    engine = CrashingEngine()
+    runner = ShadowRunner(kernel, engine, flush_interval=0.05)
+    runner.start()
+    kernel.shadow = runner
+    try:
+        from kernel.core.policies import store_policy
+
+        store_policy(kernel, "shell", "yaml", ACTIVE)
+        shadow.store_shadow(kernel, "shell", "yaml", CANDIDATE, Actor(None, "bootstrap"))
+        eid, did, att = running.start()
+        answers = [submit_step(kernel, "shell", eid, did, att, _req(i)) for i in range(6)]
+        assert [a.decision for a in answers] == ["proceed"] * 6  # the active decisions stand
+        assert runner.drain(30)
+        rep = shadow.shadow_report(kernel, "shell")
+        assert rep["totals"] == {"evaluated": 3, "agreed": 0, "disagreed": 0, "errors": 3, "dropped": 0, "skipped": 3}
+        assert rep["errors"] == {"crash": 3} and engine.calls == 3  # paused: no fourth worker spent
+        assert "SIGSEGV" in (rep["shadow"].last_error or "")
+    finally:
         runner.close()
