@@ -182,7 +182,11 @@ def test_a_shadow_that_loops_or_crashes_leaves_the_active_decisions_alone(
     t = rep["totals"]
     # Three faults in a row pause the shadow (the breaker); a step judged meanwhile is `skipped`.
     assert t["errors"] >= 3 and t["errors"] + t["skipped"] == 4 and t["agreed"] == t["disagreed"] == 0, t
-    assert fault in rep["errors"], rep["errors"]  # the first one at least; later ones may find no worker yet
+    # The first fault at least is the shadow's own; later ones may find no worker yet (eval-error).
+    # On a machine this loaded that the crasher cannot reach its stack overflow within the 3 s
+    # bound, the kill is a timeout instead: the worker dies either way and the active stands.
+    allowed = {fault} if fault == "timeout" else {fault, "timeout"}
+    assert allowed & set(rep["errors"]), rep["errors"]
     assert rep["shadow"]["last_error"]
     # The kernel keeps answering on the other agents, with their own shadow still judged.
     assert sk.transfer("pay-b", 3) == {"denied": False, "result": "ran transfer_funds"}
