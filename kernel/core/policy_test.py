@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
 from kernel.clock import rfc3339
 from kernel.core.kernel import Kernel
@@ -131,6 +132,31 @@ def replay_execution(k: Kernel, agent_id: str, execution_id: str, candidate: Can
         steps, truncated = recorded_steps(tx, execution_id, agent_id)
     with compiled(k, c) as bundle:
         return replay(bundle, steps, truncated=truncated)
+
+
+BACKTEST_DEFAULT, BACKTEST_MAX = 100, 1000
+
+
+def backtest(
+    k: Kernel, agent_id: str, candidate: Candidate | None, *, session: str | None = None,
+    since: datetime | None = None, limit: int = BACKTEST_DEFAULT,
+) -> tuple[ReplayReport, int]:
+    """Replay the agent's executions, newest first (at most `limit`, of `session` when given,
+    stopping at the first created before `since`), through one candidate. (report, executions)."""
+    limit = max(1, min(limit, BACKTEST_MAX))
+    all_steps: list[RecordedStep] = []
+    truncated = False
+    with k.store.read() as tx:
+        c = candidate_for(k, tx, agent_id, candidate)
+        if tx.get_agent(agent_id) is None:
+            raise NotFound(f"test policy: agent {agent_id!r} not found")
+        rows = tx.list_executions(agent_id, None, None, limit, created_from=since, session=session)
+        for e in rows:
+            got, cut = recorded_steps(tx, e.id, agent_id)
+            all_steps.extend(got)
+            truncated = truncated or cut
+    with compiled(k, c) as bundle:
+        return replay(bundle, all_steps, truncated=truncated), len(rows)
 
 
 def run_test_cases(k: Kernel, agent_id: str, cases_text: str, candidate: Candidate | None) -> tuple[Report, tuple[str, ...]]:

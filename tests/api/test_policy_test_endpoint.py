@@ -163,3 +163,32 @@ def test_replay_writes_no_events(server: ServerThread, recorded: str) -> None:
     before = httpx.get(f"{server.url}/v0/executions/{recorded}/events").json()
     _test(server, {"bundle": STRICTER, "execution_id": recorded})
     assert httpx.get(f"{server.url}/v0/executions/{recorded}/events").json() == before
+
+
+def test_backtest_replays_the_agents_executions_newest_first_within_session_since_and_limit(
+    governed: Kernel, server: ServerThread, running: Running, agent_client: AgentClient,
+) -> None:
+    from kernel.core import executions
+    from kernel.core.dispatch import claim_due
+    from kernel.core.executions import Lineage
+
+    assert httpx.post(f"{server.url}/v0/policies/shell", json={"bundle": PERMISSIVE}).status_code == 204
+    ids, leases = [], {}
+    for i, session in enumerate(("s1", "s1", None)):
+        e, _ = executions.create_execution(governed, "shell", i, lineage=Lineage(session=session))
+        if i == 1:  # queued behind the first one of s1: admit it by ending the first
+            c0 = leases[ids[0]]
+            executions.finish_execution(governed, "shell", ids[0], c0.dispatch_id, c0.attempt, output=None)
+        c = leases[e.id] = next(c for c in claim_due(governed, 10) if c.execution_id == e.id)
+        agent_client.lease(c.dispatch_id, c.attempt)
+        agent_client.submit(e.id, "shell_exec", {"command": f"rm -rf /{i}"})
+        ids.append(e.id)
+    body = _test(server, {"bundle": STRICTER, "executions": {}}).json()
+    assert (body["executions"], body["steps"], body["failed"]) == (3, 3, 3)
+    assert [x["execution_id"] for x in body["results"]] == list(reversed(ids))  # newest first
+    body = _test(server, {"bundle": STRICTER, "executions": {"session": "s1", "limit": 1}}).json()
+    assert body["executions"] == 1 and [x["execution_id"] for x in body["results"]] == [ids[1]]
+    body = _test(server, {"bundle": STRICTER, "executions": {"since": "2999-01-01T00:00:00Z"}}).json()
+    assert body["executions"] == 0 and body["results"] == []
+    assert _test(server, {"executions": {"limit": 1001}}).status_code == 400
+    assert _test(server, {"executions": {"since": "yesterday"}}).status_code == 400

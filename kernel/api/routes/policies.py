@@ -113,11 +113,18 @@ async def activate(agent_id: str, request: Request, seq: int = Path(ge=1, le=_MA
     return Response(status_code=204)
 
 
+class BacktestScope(Strict):
+    session: str | None = None
+    since: str | None = None  # RFC 3339: executions created at or after it
+    limit: int = policy_test.BACKTEST_DEFAULT
+
+
 class TestBody(Strict):
     bundle: str | dict[str, Any] | None = None
     kind: str = "yaml"
     cases: list[Any] | None = None
     execution_id: str | None = None
+    executions: BacktestScope | None = None  # backtest: the agent's recorded executions, newest first
 
 
 def _candidate(body: TestBody) -> Candidate | None:
@@ -140,6 +147,15 @@ async def test_policy(agent_id: str, request: Request) -> Response:
     body = parse_model(TestBody, await _body(request), allow_empty=True)
     k = kernel_of(request)
     candidate = await call(_candidate, body)
+    if body.executions is not None and body.execution_id is None:
+        scope = body.executions
+        if not 1 <= scope.limit <= policy_test.BACKTEST_MAX:
+            raise ValidationError(f"validation error: executions.limit must be 1-{policy_test.BACKTEST_MAX}")
+        since = _since(scope.since)
+        rep, n = await call(policy_test.backtest, k, agent_id, candidate, session=scope.session or None,
+                            since=since, limit=scope.limit)
+        return JSONResponse({"results": [result_json(r) for r in rep.results], "failed": rep.failed,
+                             "steps": len(rep.results), "executions": n, "truncated": rep.truncated})
     if body.execution_id is not None:
         eid = uuid_param(body.execution_id, "execution_id")
         rep = await call(policy_test.replay_execution, k, agent_id, eid, candidate)
@@ -153,6 +169,18 @@ async def test_policy(agent_id: str, request: Request) -> Response:
     if report.unexercised_rules:
         out["unexercised_rules"] = report.unexercised_rules
     return JSONResponse(out)
+
+
+def _since(value: str | None) -> Any:
+    if not value:
+        return None
+    from datetime import UTC, datetime
+
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValidationError("validation error: executions.since must be an RFC 3339 time") from None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def _case_json(r: Any) -> dict[str, Any]:
