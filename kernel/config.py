@@ -117,6 +117,8 @@ class Settings(BaseSettings):
     decision_retention: float = 90 * 86400.0
     # Write the durable decisions table on every decision (off only to measure what it costs)
     record_decisions: bool = True
+    # May the bootstrap token grant/deny approvals (the decider then is only asserted)?
+    bootstrap_approvals: bool = True
     leader_lock_key: str = "regent_scheduler_leader"
 
     # Policy

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
 import time
 from dataclasses import dataclass
 
@@ -12,25 +10,14 @@ from starlette.requests import Request
 
 from kernel.api.body import BodyTooLarge, read_body
 from kernel.api.threads import call
-from kernel.core import agents
+from kernel.core import agents, api_keys
+from kernel.core.api_keys import SCOPES
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
 from kernel.errors import Forbidden, Unauthorized
 from kernel.signing import verify_request
 
-ALL_SCOPES = frozenset(
-    {
-        "executions:read",
-        "executions:write",
-        "agents:read",
-        "agents:write",
-        "policies:write",
-        "approvals:read",
-        "approvals:write",
-        "api_keys:manage",
-        "decisions:read",
-    }
-)
+ALL_SCOPES = SCOPES  # kernel/core/api_keys.py
 
 
 # The signed request's headers, by their index in `Authenticator.agent`.
@@ -86,18 +73,11 @@ class Authenticator:
         return self._api_key(token)
 
     def _api_key(self, token: str) -> Principal:
-        # rbk_<uuid>.<43 chars>; only SHA-256(token) is stored.
-        if not token.startswith("rbk_") or "." not in token:
+        # rbk_<uuid>.<43 chars>; only SHA-256(token) is stored; revoked and expired keys fail.
+        principal = api_keys.token_principal(self.kernel, token)
+        if principal is None:
             raise Unauthorized()
-        key_id, _, secret = token[4:].partition(".")
-        if len(secret) != 43 or len(key_id) != 36:
-            raise Unauthorized()
-        with self.kernel.store.read() as tx:
-            row = tx.get_api_key(key_id.lower())
-        digest = hashlib.sha256(token.encode()).digest()
-        if row is None or row.revoked_at is not None or not hmac.compare_digest(bytes(row.secret_hash), digest):
-            raise Unauthorized()
-        return Principal(name=row.name, scopes=frozenset(json.loads(row.scopes)), key_id=row.id)
+        return principal
 
     # -- agent signature ------------------------------------------------------------------
     async def agent(self, request: Request) -> AgentCall:

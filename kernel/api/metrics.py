@@ -21,11 +21,20 @@ class ApiMetrics:
         self.registry = registry
         self.step_decisions = Counter(
             "regent_step_decisions",
-            "Answers to step submits, by step kind and decision (proceed, replay, denied, blocked, "
-            "rate_limited, execution_blocked, execution_terminal).",
-            ["kind", "decision"],
+            "Answers to step submits, by step kind, decision (proceed, replay, denied, blocked, "
+            "rate_limited, execution_blocked, execution_terminal), agent and the rule of a new policy "
+            "decision (empty for replays and refusals before policy).",
+            ["kind", "decision", "agent_id", "rule_id"],
             registry=registry,
         )
+        self.approval_answers = Counter(
+            "regent_approval_answers",
+            "Approvals granted or denied by a person, by agent, the rule that asked and the credential "
+            "(key, bootstrap, dev).",
+            ["agent_id", "rule_id", "answer", "credential"],
+            registry=registry,
+        )
+        self.labels = LabelBudget()
         self.step_outcomes = Counter(
             "regent_step_outcomes",
             "Answers to step complete/fail calls, by call and answer (recorded, replay, execution_terminal).",
@@ -42,14 +51,55 @@ class ApiMetrics:
         if kernel is not None:
             registry.register(_KernelCollector(kernel))
 
-    def decision(self, kind: str, decision: str) -> None:
-        self.step_decisions.labels(kind, decision).inc()
+    def decision(self, kind: str, decision: str, agent_id: str = "", rule_id: str | None = None) -> None:
+        agent, rule = self.labels.pair(agent_id, rule_id or "")
+        self.step_decisions.labels(kind, decision, agent, rule).inc()
+
+    def approval(self, agent_id: str, rule_id: str, answer: str, credential: str) -> None:
+        agent, rule = self.labels.pair(agent_id, rule_id)
+        self.approval_answers.labels(agent, rule, answer, credential).inc()
 
     def outcome(self, failed: bool, answer: str) -> None:
         self.step_outcomes.labels("fail" if failed else "complete", answer).inc()
 
     def error(self, code: str) -> None:
         self.errors.labels(code).inc()
+
+
+OTHER = "_other"
+
+
+class LabelBudget:
+    """Keeps the `agent_id`/`rule_id` label values bounded whatever bundles return.
+
+    Agent ids are those of registered agents (a signed request names one) and rule ids those the
+    loaded bundles decide with, but a Rego bundle may build a rule id from its input: past
+    `max_pairs` distinct (agent, rule) pairs, or for a value over `max_chars`, the label is
+    `_other` (and past `max_agents` agents, the agent too)."""
+
+    def __init__(self, max_pairs: int = 2000, max_agents: int = 500, max_chars: int = 128):
+        self.max_pairs = max_pairs
+        self.max_agents = max_agents
+        self.max_chars = max_chars
+        self._pairs: set[tuple[str, str]] = set()
+        self._agents: set[str] = set()
+
+    def pair(self, agent_id: str, rule_id: str) -> tuple[str, str]:
+        key = (agent_id, rule_id)
+        if key in self._pairs:
+            return key
+        agent = agent_id if len(agent_id) <= self.max_chars else OTHER
+        if agent not in self._agents:
+            if len(self._agents) >= self.max_agents:
+                agent = OTHER
+            else:
+                self._agents.add(agent)
+        rule = rule_id if len(rule_id) <= self.max_chars else OTHER
+        if len(self._pairs) >= self.max_pairs:
+            rule = OTHER
+        else:
+            self._pairs.add((agent, rule))  # a benign race at worst adds a pair twice over the cap
+        return agent, rule
 
 
 class _LaneCollector(Collector):

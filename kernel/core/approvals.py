@@ -65,33 +65,55 @@ def list_approvals(k: Kernel, status: str | None = "pending") -> list[Approval]:
 
 def decide_approval(
     k: Kernel, approval_id: str, *, grant: bool, principal: Principal, decided_by: str, rationale: str | None
-) -> None:
-    """Grant or deny. With a named key, `decided_by` is the key's name and the body's value is
-    kept as `asserted_by`; `approvers` is checked against whoever decided."""
+) -> Approval:
+    """Grant or deny, binding the decider to the credential (docs/audit.md):
+
+    - a scoped key: the decider is the key's name, whatever `decided_by` says (kept as
+      `asserted_by` when it differs); the key that created the execution may not decide;
+    - the bootstrap token (or dev access): the decider is only asserted — `decided_by` must name
+      one of the rule's approvers when it lists any, the record carries `asserted_by` and
+      `credential: bootstrap`, and `k.bootstrap_approvals` off refuses it outright.
+
+    Returns the approval as it was asked (its context: agent, rule id, ...).
+    """
     now = k.clock.now()
     with k.store.read() as tx:
         a0 = tx.get_approval(approval_id)
     if a0 is None:
         raise NotFound("approval not found")
-    who = principal.name if principal.name is not None else decided_by
-    asserted = decided_by if principal.name is not None else None
+    decided_by = decided_by.strip()
+    if principal.name is not None:
+        who: str | None = principal.name
+        asserted = decided_by if decided_by and decided_by != principal.name else None
+    else:
+        if not k.bootstrap_approvals:
+            raise Forbidden("forbidden: approvals by the bootstrap token are disabled on this kernel "
+                            "(REGENT_BOOTSTRAP_APPROVALS=false); decide with a named API key")
+        who = decided_by or None
+        asserted = who
     with dlog.collect(k), k.store.transaction(lock=a0.execution_id) as tx:
         a = tx.get_approval(approval_id)
         assert a is not None
         if a.status != ApprovalStatus.PENDING:
             raise Conflict(f"conflict: approval is {a.status.value}")
         if a.approvers and who not in a.approvers:
+            if who is None:
+                raise Forbidden("forbidden: name the decider (decided_by): this approval needs one of "
+                                + ", ".join(a.approvers))
             raise Forbidden(f'forbidden: "{who}" is not an approver for this approval')
         e = tx.get_execution(a.execution_id)
         if e is None or e.status.is_terminal:
             raise Conflict("conflict: execution is terminal")
+        if principal.key_id is not None and e.created_by == principal.key_id:
+            raise Forbidden("forbidden: the key that created an execution may not approve its steps")
         s = tx.get_step(a.step_id)
         kind, target = (s.kind, s.target) if s else ("", None)
         status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
         credential = principal.credential.value
         tx.set_approval(a.id, status=status, decided_by=who, asserted_by=asserted, decided_at=now,
                         rationale=rationale, credential=credential)
-        extra = {"decided_by": who or None, "rationale": rationale or None}
+        extra = {"decided_by": who, "asserted_by": asserted, "credential": credential,
+                 "key_id": principal.key_id, "rationale": rationale or None}
         if grant:
             tx.update_step(a.step_id, status=StepStatus.ALLOWED)
             out = [
@@ -106,8 +128,9 @@ def decide_approval(
                 ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error),
             ]
         outcome = DecisionOutcome.APPROVAL_GRANTED if grant else DecisionOutcome.APPROVAL_DENIED
-        record = _record(k, a, outcome, now, e.agent_id, kind, target, who or None, credential, rationale or None)
+        record = _record(k, a, outcome, now, e.agent_id, kind, target, who, credential, rationale or None)
         _resume(k, tx, a.execution_id, now, out, record)
+        return a  # as it was asked (its context), for the caller's metrics
 
 
 def _record(

@@ -39,9 +39,11 @@ class Lineage:
 
 def create_execution(
     k: Kernel, agent_id: str, input: Any, idempotency_key: str | None = None, lineage: Lineage | None = None,
+    created_by: str | None = None,
 ) -> tuple[Execution, bool]:
     """Create an execution: running and enqueued, or `pending` when its session is busy. A
-    repeated idempotency key returns the first one."""
+    repeated idempotency key returns the first one. `created_by`: the creating credential (an API
+    key's id, "bootstrap" or "dev"), recorded so that key cannot approve the execution's steps."""
     now = k.clock.now()
     lin = lineage or Lineage()
     try:
@@ -60,6 +62,7 @@ def create_execution(
                 created_at=now, updated_at=now, deadline_at=deadline, idempotency_key=idempotency_key,
                 session=lin.session, parent_execution_id=lin.parent_execution_id,
                 spawned_step_id=lin.spawned_step_id,
+                created_by=created_by,
             )
             return start_or_queue(k, tx, e, now), True
     except IntegrityError:

@@ -80,6 +80,7 @@ class Kernel:
     retention: float = 86400.0
     decision_retention: float = 90 * 86400.0  # the decisions table's own (docs/audit.md)
     record_decisions: bool = True  # write the decisions table (off only to measure its cost)
+    bootstrap_approvals: bool = True  # may the bootstrap token (or dev access) decide approvals
     rng: random.Random = field(default_factory=random.Random)
     agent_cache_ttl: float = 1.0
     secrets: SecretCache = field(default_factory=SecretCache)

@@ -78,6 +78,9 @@ class StepAnswer:
     approval_id: str | None = None
     reason: str | None = None
     rule_id: str | None = None
+    # The rule of the policy decision this answer made (None for replays and refusals before
+    # policy): the metrics label, never on the wire.
+    decided_rule: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"decision": self.decision}
@@ -292,7 +295,7 @@ def _apply_rate_limit(
     limited = _rate_limited_event(sid, req, d, "rate_limit_exceeded")
     queued = park_until(k, tx, e.id, now, wait)
     tx.append(e.id, now, [limited, queued], decision=_limited_record(k, e, sid, req, d, "rate_limit_exceeded", now))
-    return StepAnswer("blocked", reason="rate_limit_exceeded")
+    return StepAnswer("blocked", reason="rate_limit_exceeded", decided_rule=d.rule_id)
 
 
 def _limited_record(
@@ -317,7 +320,7 @@ def _refuse(
     _renew(tx, dispatch_id, e.id, attempt, now)
     tx.append(e.id, now, [_rate_limited_event(sid, req, d, reason)],
               decision=_limited_record(k, e, sid, req, d, reason, now))
-    return StepAnswer("rate_limited", reason=reason)
+    return StepAnswer("rate_limited", reason=reason, decided_rule=d.rule_id)
 
 
 FORK_EFFECT_RULE = "__fork_effect"
@@ -363,7 +366,7 @@ def _record(
             ev.step(EventType.STEP_ALLOWED, sid, req.kind, req.target, **fields),
             ev.step(EventType.STEP_EXECUTING, sid, req.kind, req.target),
         ], decision=record(DecisionOutcome.ALLOWED))
-        return StepAnswer("proceed", sid)
+        return StepAnswer("proceed", sid, decided_rule=d.rule_id)
     if d.verdict == Verdict.DENY:
         reason = d.reason or "policy_denied"
         error = {"reason": reason, "rule_id": d.rule_id}
@@ -373,7 +376,7 @@ def _record(
             proposed,
             ev.step(EventType.STEP_DENIED, sid, req.kind, req.target, error=error, **fields),
         ], decision=record(DecisionOutcome.DENIED, reason))
-        return StepAnswer("denied", sid, reason=reason, rule_id=d.rule_id)
+        return StepAnswer("denied", sid, reason=reason, rule_id=d.rule_id, decided_rule=d.rule_id)
     # require_approval: the execution blocks and its lease is released until a human decides.
     cfg = d.approval
     timeout = cfg.timeout_seconds if cfg and cfg.timeout_seconds > 0 else k.approval_timeout
@@ -394,7 +397,7 @@ def _record(
         ev.approval(EventType.APPROVAL_REQUESTED, a, "pending"),
         ev.execution(EventType.EXECUTION_BLOCKED, e.id, ExecutionStatus.BLOCKED),
     ], status=ExecutionStatus.BLOCKED, decision=record(DecisionOutcome.AWAITING_APPROVAL))
-    return StepAnswer("blocked", sid, approval_id=a.id)
+    return StepAnswer("blocked", sid, approval_id=a.id, decided_rule=d.rule_id)
 
 
 def record_outcome(

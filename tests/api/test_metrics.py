@@ -32,10 +32,24 @@ def test_metrics_count_step_answers_errors_and_show_the_lane(
     assert stale.status_code == 409
 
     m = _samples(server)
-    assert m[("regent_step_decisions_total", (("decision", "proceed"), ("kind", "tool_call")))] == 1.0
+    assert m[("regent_step_decisions_total", (("agent_id", "shell"), ("decision", "proceed"), ("kind", "tool_call"),
+                                              ("rule_id", "permissive")))] == 1.0
     assert m[("regent_step_outcomes_total", (("answer", "recorded"), ("call", "complete")))] == 1.0
     assert m[("regent_step_outcomes_total", (("answer", "replay"), ("call", "complete")))] == 1.0
     assert m[("regent_api_errors_total", (("code", "lease_superseded"),))] == 1.0
     assert m[("regent_lane_threads", ())] >= 1
     assert m[("regent_lane_queued", ())] == 0
     assert ("regent_lane_spilled_total", ()) in m
+
+
+def test_label_budget_keeps_agent_and_rule_labels_bounded() -> None:
+    from kernel.api.metrics import OTHER, LabelBudget
+
+    b = LabelBudget(max_pairs=3, max_agents=2, max_chars=10)
+    assert b.pair("a", "r1") == ("a", "r1")
+    assert b.pair("a", "r2") == ("a", "r2")
+    assert b.pair("b", "r1") == ("b", "r1")
+    assert b.pair("a", "r3") == ("a", OTHER)  # past three pairs
+    assert b.pair("a", "r1") == ("a", "r1")  # known pairs keep their labels
+    assert b.pair("c", "r1")[0] == OTHER  # past two agents
+    assert b.pair("a", "x" * 11) == ("a", OTHER)  # a rule id built from input is cut off by length

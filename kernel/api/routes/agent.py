@@ -102,7 +102,7 @@ async def submit_step(execution_id: str, request: Request) -> Response:
         # lane thread held; then decide again with its answer (kernel.core.steps.JudgeNeeded).
         verdict = await k.judge.ask(need.spec, need.input)
         answer = await call(steps.submit_step, k, a.agent_id, eid, did, attempt, req, {need.rule_id: verdict})
-    request.app.state.metrics.decision(req.kind, answer.decision)
+    request.app.state.metrics.decision(req.kind, answer.decision, a.agent_id, answer.decided_rule)
     return JSONResponse(answer.to_json())
 
 

@@ -1,17 +1,20 @@
-"""Audit routes (bearer): the durable decision record, `GET /v0/decisions` (docs/audit.md)."""
+"""Audit routes (bearer): the durable decision record (`GET /v0/decisions`) and API key management
+(`/v0/api-keys`), docs/audit.md."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from kernel.api.deps import auth_of, call, kernel_of
+from kernel.api.body import Strict, parse_model
+from kernel.api.deps import auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse
-from kernel.api.routes.client import _int_param
-from kernel.core import decisions
+from kernel.api.routes.client import _body, _int_param
+from kernel.config import seconds
+from kernel.core import api_keys, decisions
 from kernel.errors import ValidationError
 
 router = APIRouter()
@@ -54,3 +57,43 @@ async def list_decisions(request: Request) -> Response:
     if page.next_cursor:
         out["next_cursor"] = page.next_cursor
     return JSONResponse(out)
+
+
+class CreateKeyBody(Strict):
+    name: str
+    scopes: list[str]
+    expires_at: str | None = None  # RFC 3339 with a zone
+    expires_in: str | float | None = None  # seconds or a duration such as 720h
+
+
+@router.post("/v0/api-keys", status_code=201)
+async def create_api_key(request: Request) -> Response:
+    """201 with the key and its `token`, shown this once (only its SHA-256 is stored)."""
+    principal = await call(auth_of(request).principal, request, "api_keys:manage")
+    body = parse_model(CreateKeyBody, await _body(request))
+    k = kernel_of(request)
+    expires = _time_param(body.expires_at, "expires_at")
+    if body.expires_in is not None:
+        if expires is not None:
+            raise ValidationError("validation error: give expires_at or expires_in, not both")
+        try:
+            expires = k.clock.now() + timedelta(seconds=seconds(body.expires_in))
+        except ValueError as exc:
+            raise ValidationError(f"validation error: expires_in: {exc}") from None
+    key, token = await call(api_keys.create_key, k, body.name, body.scopes, expires_at=expires,
+                            created_by=principal)
+    return JSONResponse({**key.json(), "token": token}, status_code=201)
+
+
+@router.get("/v0/api-keys")
+async def list_api_keys(request: Request) -> Response:
+    await call(auth_of(request).principal, request, "api_keys:manage")
+    keys = await call(api_keys.list_keys, kernel_of(request))
+    return JSONResponse([x.json() for x in keys])
+
+
+@router.delete("/v0/api-keys/{key_id}")
+async def revoke_api_key(key_id: str, request: Request) -> Response:
+    await call(auth_of(request).principal, request, "api_keys:manage")
+    await call(api_keys.revoke_key, kernel_of(request), uuid_param(key_id, "api key id"))
+    return Response(status_code=204)

@@ -84,12 +84,12 @@ def _int_param(value: str | None, default: int, name: str, *, lo: int = 0, hi: i
              openapi_extra=schema.operation(CreateExecutionBody, ok=(201, 200), answer=schema.EXECUTION))
 async def create_execution(request: Request) -> Response:
     auth = auth_of(request)
-    await call(auth.principal, request, "executions:write")
+    principal = await call(auth.principal, request, "executions:write")
     body = parse_model(CreateExecutionBody, await _body(request))
     if body.idempotency_key is not None and not 0 < len(body.idempotency_key) <= 200:
         raise ValidationError("validation error: idempotency_key must be 1-200 characters")
     e, created = await call(executions.create_execution, kernel_of(request), body.agent_id, body.input,
-                            body.idempotency_key, lineage_of(body))
+                            body.idempotency_key, lineage_of(body), principal.creator)
     return JSONResponse(execution_json(e, []), status_code=201 if created else 200)
 
 
@@ -204,8 +204,10 @@ async def _decide(request: Request, approval_id: str, grant: bool) -> Response:
     principal = await call(auth_of(request).principal, request, "approvals:write")
     aid = uuid_param(approval_id, "approval id")
     body = parse_model(DecideBody, await _body(request), allow_empty=True)
-    await call(approvals.decide_approval, kernel_of(request), aid, grant=grant, principal=principal,
-               decided_by=body.decided_by, rationale=body.rationale)
+    a = await call(approvals.decide_approval, kernel_of(request), aid, grant=grant, principal=principal,
+                   decided_by=body.decided_by, rationale=body.rationale)
+    request.app.state.metrics.approval(a.agent_id or "", a.rule_id or "", "granted" if grant else "denied",
+                                       principal.credential.value)
     return Response(status_code=204)
 
 
