@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import fixtures
+from bench.audit import DECISIONS
 from bench.client import Run, percentile
 from bench.console import CONSOLE
 from bench.judge import JUDGE
@@ -50,11 +51,15 @@ from bench.shadow import SHADOW
 SCENARIOS = [*SCENARIOS, SHADOW]  # bench/shadow.py builds on the scenario types
 
 SCENARIOS = [*SCENARIOS, CONSOLE]
+LOCAL_SCENARIOS = [*LOCAL_SCENARIOS, DECISIONS]
 
 console = Console(soft_wrap=True)
 if not console.is_terminal:
     console = Console(soft_wrap=True, width=160)  # piped to a file: do not squeeze the tables to 80
-TARGETS = ("bare", "sqlite", "postgres")
+# `*-norecord`: the same kernel with REGENT_RECORD_DECISIONS=false, for the cost of the decisions
+# record (round-trip scenarios only).
+TARGETS = ("bare", "sqlite", "postgres", "sqlite-norecord", "postgres-norecord")
+NORECORD = {"REGENT_RECORD_DECISIONS": "false"}
 LOCAL = [*LOCAL_SCENARIOS, JUDGE, SESSIONS]  # in-process, or with servers of their own, after the shared targets
 
 
@@ -129,7 +134,8 @@ def run_all(p: Profile, targets: Sequence[str], scenarios: list[Scenario], pg_ur
         t0 = time.monotonic()
         live: list[tuple[Target, dict[str, Any]]] = []
         for name in targets:
-            kind = "bare" if name == "bare" else "kernel"
+            kind = "bare" if name == "bare" else ("kernel-norecord" if name.endswith("-norecord") else "kernel")
+            extra = NORECORD if kind == "kernel-norecord" else None
             chosen = [s for s in scenarios if kind in s.kinds]
             if not chosen:
                 continue
@@ -137,10 +143,10 @@ def run_all(p: Profile, targets: Sequence[str], scenarios: list[Scenario], pg_ur
                 agent = fixtures.AgentCreds(fixtures.AGENT_ID, "unused-by-the-bare-app")
                 prepared = {s.name: s.prepare(None, agent, p) for s in chosen}
                 srv = stack.enter_context(serve_bare(tmp))
-            elif name == "sqlite":
-                db = f"sqlite:///{tmp}/regent-bench.db"
+            elif name.startswith("sqlite"):
+                db = f"sqlite:///{tmp}/regent-bench-{name}.db"
                 agent, prepared = _prepare_kernel(db, chosen, p)
-                srv = stack.enter_context(serve_kernel("sqlite", db, tmp))
+                srv = stack.enter_context(serve_kernel(name, db, tmp, extra))
             else:
                 try:
                     env["postgres"] = pg_version(pg_url)
@@ -152,7 +158,7 @@ def run_all(p: Profile, targets: Sequence[str], scenarios: list[Scenario], pg_ur
                     console.print(f"  [yellow]{notes[-1]}[/]")
                     continue
                 agent, prepared = _prepare_kernel(url, chosen, p)
-                srv = stack.enter_context(serve_kernel("postgres", url, tmp))
+                srv = stack.enter_context(serve_kernel(name, url, tmp, extra))
             console.print(f"  [dim]{name}: fixtures written, server started in {time.monotonic() - t0:.1f}s[/]")
             live.append((Target(name, kind, srv, agent), prepared))
         for t, _ in live:  # the servers boot in parallel with the next target's fixtures
@@ -236,6 +242,17 @@ def ratios(p: Profile) -> list[Ratio]:
         *[Ratio(f"active p99 with a crashing shadow / without, {db}", (f"{SHADOW_NAME}, with a crashing shadow", t),
                 (f"{SHADOW_NAME}, active only", t), "p99", "≤ 1.2×", as_percent=False)
           for t, db in (("sqlite", "SQLite"), ("postgres", "PostgreSQL"))],
+        # The decisions record (docs/audit.md): the same kernel with and without it.
+        Ratio("SQLite with / without the decisions record, round trip p50 sequential", (seq, "sqlite"),
+              (seq, "sqlite-norecord"), "p50", "≤ 1.05×", as_percent=False),
+        Ratio("SQLite with / without the decisions record, server CPU per round trip at "
+              f"{p.concurrency} workers", (conc, "sqlite"), (conc, "sqlite-norecord"),
+              "server_cpu_per_op", "≤ 1.05×", as_percent=False),
+        Ratio("PostgreSQL with / without the decisions record, round trip p50 sequential", (seq, "postgres"),
+              (seq, "postgres-norecord"), "p50", "≤ 1.05×", as_percent=False),
+        Ratio("PostgreSQL with / without the decisions record, server CPU per round trip at "
+              f"{p.concurrency} workers", (conc, "postgres"), (conc, "postgres-norecord"),
+              "server_cpu_per_op", "≤ 1.05×", as_percent=False),
     ]
 
 

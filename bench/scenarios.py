@@ -122,7 +122,7 @@ def _rt_run(name: str, seconds_of: Callable[[Profile], float], max_of: Callable[
 ROUNDTRIP_SEQUENTIAL = Scenario(
     "rt-seq",
     "round trip, sequential",
-    frozenset({"bare", "kernel"}),
+    frozenset({"bare", "kernel", "kernel-norecord"}),
     _rt_prepare(lambda p: 1, "rt-seq"),
     _rt_run("round trip, sequential", lambda p: p.seq_seconds, lambda p: p.seq_max_ops),
     "one client, one execution: submit → proceed → complete, back to back",
@@ -132,7 +132,7 @@ ROUNDTRIP_SEQUENTIAL = Scenario(
 ROUNDTRIP_CONCURRENT = Scenario(
     "rt-conc",
     "round trip, concurrent",
-    frozenset({"bare", "kernel"}),
+    frozenset({"bare", "kernel", "kernel-norecord"}),
     _rt_prepare(lambda p: p.concurrency, "rt-conc"),
     _rt_run("round trip, concurrent", lambda p: p.conc_seconds, lambda p: p.conc_max_ops),
     "N client threads, each on its own execution and its own keep-alive connection",
