@@ -162,7 +162,7 @@ def run_all(p: Profile, targets: Sequence[str], scenarios: list[Scenario], pg_ur
             console.print(f"  [dim]{name}: fixtures written, server started in {time.monotonic() - t0:.1f}s[/]")
             live.append((Target(name, kind, srv, agent), prepared))
         for t, _ in live:  # the servers boot in parallel with the next target's fixtures
-            t.server.wait_ready()
+            t.server.wait_ready(120.0)  # a loaded machine can take long to import and migrate
         try:
             return run_scenarios(live, scenarios, p)
         finally:

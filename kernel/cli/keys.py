@@ -74,7 +74,10 @@ def cmd_list(args: argparse.Namespace) -> int:
                   j.get("last_used_at", ""), j.get("revoked_at", ""))
     from rich.console import Console
 
-    Console(soft_wrap=True).print(t)
+    out = Console(soft_wrap=True)
+    if not out.is_terminal:
+        out = Console(soft_wrap=True, width=200)  # piped: do not squeeze ids and times to 80 columns
+    out.print(t)
     return 0
 
 

@@ -24,7 +24,7 @@ from tests.conftest import scratch_pg_database
 from tests.e2e.conftest import REPO, KernelProc, clean_env, wait_for
 from tests.support import AgentClient, free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 BOOT = "boot-" + "x" * 24
 SECRET = "audit-agent-secret"
@@ -114,7 +114,7 @@ class Served:
 
 def _serve(tmp: Path, db_url: str, **env: str) -> Iterator[Served]:
     hook = Webhook()
-    proc = KernelProc("serve", free_port(), db_url, None, tmp / "serve.out", ready_timeout=90, REGENT_BEARER_TOKEN=BOOT,
+    proc = KernelProc("serve", free_port(), db_url, None, tmp / "serve.out", ready_timeout=240, REGENT_BEARER_TOKEN=BOOT,
                       REGENT_DISPATCH_POLL_INTERVAL="50ms", REGENT_CLEANUP_INTERVAL="1s", **env)
     s = Served(proc, db_url, hook)
     try:
@@ -165,7 +165,7 @@ def _cli_key(db_url: str, name: str, *scopes: str) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "kernel", "keys", "create", "--name", name, "--json", "--db-url", db_url,
          *[a for s in scopes for a in ("--scope", s)]],
-        env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
+        env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return dict(json.loads(out.stdout))
 
