@@ -8,6 +8,5 @@ KNOWN_OPEN: list[tuple[str, str]] = [
     ("after_seq = 2^63", "issue 18 §0: input-caused 500s"),
     ("path traversal in agent id (register)", "issue 18 §0: agent ids like ../x accepted"),
     ("[replayed]", "issue 18 §0: signed-request replay cache"),
-    ("expired keys", "issue 14: API keys with expiry"),
     ("after a 500: keep-alive reset", "issue 18 §0: a 500 resets the keep-alive connection"),
 ]
