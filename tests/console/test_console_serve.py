@@ -131,17 +131,6 @@ def test_an_approver_the_rule_does_not_list_is_refused_with_a_visible_message(se
     assert k.api.http.get(f"/v0/approvals/{approval['id']}").json()["status"] == "pending"
 
 
-def _self_approval_enforced() -> bool:
-    import inspect
-
-    from kernel.core import approvals
-
-    return "created_by" in inspect.getsource(approvals.decide_approval)
-
-
-# The rule itself comes with issue 14 (bound approver identity); until it is on this branch the
-# test says so instead of failing, and it runs as soon as the rule is there.
-@pytest.mark.skipif(not _self_approval_enforced(), reason="no-self-approval (issue 14) is not in core.approvals yet")
 def test_a_key_may_not_approve_a_step_of_an_execution_it_created(served: Any, page: Any) -> None:
     k, tokens = served
     release = Api(k.url, tokens["release"])
