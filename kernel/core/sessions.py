@@ -9,6 +9,7 @@ transaction commits, each in a transaction of its own; the sweeps redo any of it
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from kernel.core.kernel import Kernel
 from kernel.domain import EventType, Execution, ExecutionStatus, StepStatus
 from kernel.store import Tx
 
+log = logging.getLogger("regent.sessions")
 _MAX_CASCADE = 10_000  # bounded: the executions one cancel may reach through the tree
 
 
@@ -157,13 +159,22 @@ def _record_child(tx: Tx, c: Execution, now: datetime) -> list[ev.Ev]:
 
 
 def ended(k: Kernel, e: Execution) -> None:
-    """What an execution's end sets off, after its transaction committed (see the module doc)."""
+    """What an execution's end sets off, after its transaction committed (see the module doc).
+
+    The end itself is recorded: a failure here is logged, not raised to the caller, and the
+    cleanup sweep's `repair` does it later."""
+    follow_ups: list[tuple[str, Any]] = []
     if e.session is not None:
-        admit_next(k, e.session)
+        follow_ups.append(("admit the next execution of its session", lambda: admit_next(k, e.session or "")))
     if e.parent_execution_id is not None:
-        settle(k, e.parent_execution_id)
+        follow_ups.append(("settle its parent", lambda: settle(k, e.parent_execution_id or "")))
     if e.status == ExecutionStatus.CANCELLED:
-        cancel_children(k, e.id)
+        follow_ups.append(("cancel its children", lambda: cancel_children(k, e.id)))
+    for what, fn in follow_ups:
+        try:
+            fn()
+        except Exception:
+            log.exception("after execution %s ended: could not %s (the cleanup sweep retries)", e.id, what)
 
 
 def cancel_children(k: Kernel, parent_id: str) -> int:
@@ -185,9 +196,12 @@ def cancel_children(k: Kernel, parent_id: str) -> int:
 
 
 def repair(k: Kernel, batch: int = 100) -> int:
-    """The sweep's half of `ended`: admit stalled sessions and resume ready suspended parents."""
+    """The sweep's half of `ended`: admit stalled sessions, resume ready suspended parents, cancel
+    the live children of cancelled parents."""
     with k.store.read() as tx:
         sessions = tx.stalled_sessions(batch)
         parents = tx.suspended_parents_ready(batch)
+        orphaned = tx.cancelled_with_live_children(batch)
     n = sum(1 for s in sessions if admit_next(k, s) is not None)
-    return n + sum(1 for p in parents if settle(k, p))
+    n += sum(1 for p in parents if settle(k, p))
+    return n + sum(cancel_children(k, p) for p in orphaned)

@@ -130,6 +130,16 @@ class SessionQueries:
         )
         return [str(r[0]) for r in self.conn.execute(q).all()]
 
+    def cancelled_with_live_children(self, limit: int) -> list[str]:
+        p, ch = t.executions.c, t.executions.alias("ch").c
+        q = (
+            select(p.id)
+            .where(p.status == ExecutionStatus.CANCELLED.value,
+                   exists().where(and_(ch.parent_execution_id == p.id, ch.status.not_in(TERMINAL_EXECUTIONS))))
+            .limit(limit)
+        )
+        return [str(r[0]) for r in self.conn.execute(q).all()]
+
     # -- forks ----------------------------------------------------------------------------
     def insert_fork_bundle(self, agent_id: str, kind: str, revision: str, content: str, now: datetime) -> int:
         r = self.w.execute(

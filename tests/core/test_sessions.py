@@ -131,3 +131,13 @@ def test_a_child_of_a_missing_or_ended_parent_is_refused(running: Running) -> No
     executions.cancel_execution(k, done)
     with pytest.raises(ExecutionTerminal):
         executions.create_execution(k, "shell", None, lineage=Lineage(parent_execution_id=done))
+
+
+def test_the_repair_sweep_cancels_the_live_children_of_a_cancelled_parent(running: Running) -> None:
+    k = running.kernel
+    parent = executions.create_execution(k, "shell", None)[0].id
+    child = executions.create_execution(k, "shell", None, lineage=Lineage(parent_execution_id=parent))[0].id
+    executions.cancel_one(k, parent, "client_cancelled")  # the cancel without its cascade (a crash)
+    assert _status(k, child) == "running"
+    assert sessions.repair(k) == 1
+    assert _status(k, child) == "cancelled"
