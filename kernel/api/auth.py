@@ -56,9 +56,13 @@ class Authenticator:
             if self.dev:
                 return Principal(admin=True, dev=True)
             raise Unauthorized()
-        if not header.startswith("Bearer ") or len(header) <= 7:
+        # The scheme is case-insensitive (RFC 7235 §2.1: `bearer` is `Bearer`); Rebuno insists on
+        # "Bearer " exactly, which refuses valid clients for nothing.
+        scheme, _, token = header.partition(" ")
+        token = token.strip(" ")
+        if scheme.lower() != "bearer" or not token:
             raise Unauthorized()
-        principal = self.token_principal(header[7:])
+        principal = self.token_principal(token)
         if not principal.has(*scopes):
             raise Forbidden(f"forbidden: missing scope {' '.join(scopes)}")
         return principal

@@ -7,15 +7,61 @@ hash of their exact text (rebuno-v0 §1.2).
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+import re
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import Request
 
 from kernel.errors import ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def text_problem(value: str) -> str | None:
+    """Why `value` cannot be an identifier or a TEXT column (NUL, a lone surrogate), or None.
+
+    PostgreSQL's TEXT holds no NUL, and a lone surrogate (valid in JSON as `\\ud800`) is not
+    UTF-8, so neither store can keep one; identifiers are refused rather than altered."""
+    if value.isascii():
+        return "must not contain NUL" if "\x00" in value else None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode (a lone surrogate is not)"
+    return "must not contain NUL" if "\x00" in value else None
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def check_text(value: str, what: str) -> str:
+    """`value`, or a 400 naming `what` when it holds NUL or a lone surrogate."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValidationError(f"validation error: {what} {problem}")
+    return value
+
+
+def scrub_text(value: str) -> str:
+    """Free text that is kept whatever it holds (an execution's `error`): NUL and lone surrogates
+    become U+FFFD, as Go's JSON decoder (Rebuno) does with the latter."""
+    if text_problem(value) is None:
+        return value
+    return _UNSTORABLE.sub("\ufffd", value)
+
+
+def _name(value: str) -> str:
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+# A string field that names something (ids, keys, secrets, URLs, targets): NUL and lone
+# surrogates are a 400 (docs/api.md, "Text").
+Name = Annotated[str, AfterValidator(_name)]
 
 
 class Strict(BaseModel):
@@ -95,8 +141,32 @@ def _finite(text: str) -> float:
     return value
 
 
-_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite, parse_int=_int)
-_LEXICAL = json.JSONDecoder(parse_int=_int_lexeme, parse_float=_Number, parse_constant=_no_constant)
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValidationError(f"validation error: duplicate key {dup[:80]!r} in the JSON body")
+    return out
+
+
+class _Duplicated(dict[str, Any]):
+    """An object of a lexical body that had a duplicate key (the last one kept)."""
+
+    __slots__ = ()
+
+
+def _lexical_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Inside a step's `args` duplicates are part of the identity contract (the last wins,
+    # rebuno-v0 §1.2); `parse_model` refuses them in the body's own keys.
+    out = dict(pairs)
+    return out if len(out) == len(pairs) else _Duplicated(out)
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite, parse_int=_int,
+                            object_pairs_hook=_object)
+_LEXICAL = json.JSONDecoder(parse_int=_int_lexeme, parse_float=_Number, parse_constant=_no_constant,
+                            object_pairs_hook=_lexical_object)
 
 
 def dumps_lexical(value: Any) -> str:
@@ -144,6 +214,8 @@ def parse_model(model: type[M], raw: bytes, *, lexical: bool = False, allow_empt
         value = loads_json(raw, lexical=lexical)
     if not isinstance(value, dict):
         raise ValidationError("validation error: body must be a JSON object")
+    if isinstance(value, _Duplicated):
+        raise ValidationError("validation error: duplicate key in the JSON body")
     try:
         return model.model_validate(value)
     except PydanticValidationError as exc:

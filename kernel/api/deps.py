@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 
 from kernel.api.auth import Authenticator
+from kernel.api.body import check_text
 from kernel.api.threads import call  # noqa: F401 - the routers take it from here
 from kernel.core.kernel import Kernel
 from kernel.errors import ValidationError
@@ -24,6 +25,17 @@ def uuid_param(value: str, what: str = "id") -> str:
         return parse_uuid(value)
     except ValidationError:
         raise ValidationError(f"validation error: invalid {what} {value!r}") from None
+
+
+def agent_param(value: str) -> str:
+    """An agent id from the path or query: 400 when no store could hold it (NUL, lone surrogate);
+    any other string is looked up (ids registered before the id grammar keep working)."""
+    return check_text(value, "agent id")
+
+
+def step_param(value: str) -> str:
+    """A step id from the path, lower-cased (step ids are 64 hex characters)."""
+    return check_text(value, "step id").lower()
 
 
 def lease(dispatch_id: str | None, attempt: str | None) -> tuple[str, int]:

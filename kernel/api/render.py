@@ -11,13 +11,19 @@ from kernel.clock import rfc3339
 from kernel.domain import Agent, Approval, Event, Execution, Step
 
 _enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_ascii = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
 
 
 class JSONResponse(Response):
     media_type = "application/json; charset=utf-8"
 
     def render(self, content: Any) -> bytes:
-        return (_enc.encode(content) + "\n").encode("utf-8")
+        try:
+            return (_enc.encode(content) + "\n").encode("utf-8")
+        except UnicodeEncodeError:
+            # A stored value holds a lone surrogate (accepted losslessly, docs/api.md): answer it
+            # as the \uXXXX escape it came in as, every non-ASCII character escaped.
+            return (_ascii.encode(content) + "\n").encode("ascii")
 
 
 def execution_json(e: Execution, children: list[str] | None = None) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlparse
 
 from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
@@ -25,9 +26,18 @@ def validate_lease(lease_timeout_seconds: int | None) -> int | None:
     return lease_timeout_seconds if lease_timeout_seconds >= MIN_LEASE_SECONDS else None
 
 
+# The agent id grammar (docs/api.md): it appears in URL paths, headers, logs and policy bundles,
+# so it is a plain token: an ASCII letter or digit, then letters, digits and `. _ - : @`.
+AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
 def validate_agent_fields(agent_id: str, webhook_url: str, secret: str) -> None:
-    if not agent_id or len(agent_id.encode()) > 200 or agent_id.strip() != agent_id:
-        raise ValidationError("validation error: id must be 1-200 bytes with no surrounding spaces")
+    if AGENT_ID.fullmatch(agent_id) is None:
+        raise ValidationError("validation error: id must be 1-200 characters: an ASCII letter or digit, then "
+                              "letters, digits, '.', '_', '-', ':' or '@'")
+    if _UNSTORABLE.search(webhook_url) or _UNSTORABLE.search(secret):
+        raise ValidationError("validation error: webhook_url and secret must be valid Unicode without NUL")
     u = urlparse(webhook_url)
     if u.scheme not in ("http", "https") or not u.netloc:
         raise ValidationError(f"validation error: webhook_url must be an http(s) URL, not {webhook_url!r}")

@@ -22,14 +22,25 @@ from kernel.domain import (
 from kernel.domain.approval import APPROVAL_ARGS_MAX_CHARS
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_ascii_encoder = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
 
 
 def dumps(value: Any) -> str:
-    return _encoder.encode(value)
+    """Compact JSON text, raw UTF-8 where it can be. A value holding a lone surrogate (valid JSON,
+    which Python's `surrogateescape` makes routinely) is not UTF-8, so its text is written with
+    every non-ASCII character escaped instead: stored losslessly, read back the same. (NUL is
+    always escaped in JSON text, so TEXT columns never see one.)"""
+    text = _encoder.encode(value)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return _ascii_encoder.encode(value)
+    return text
 
 
 def dumps_or_none(value: Any) -> str | None:
-    return None if value is None else _encoder.encode(value)
+    return None if value is None else dumps(value)
 
 
 def loads(text: str | None) -> Any:

@@ -57,7 +57,12 @@ class PostgresBroker:
     def publish(self, execution_id: str, message: dict[str, Any]) -> None:
         payload = json.dumps({"execution_id": execution_id, **message}, ensure_ascii=False,
                              separators=(",", ":"))
-        if len(payload.encode("utf-8")) > NOTIFY_LIMIT:
+        try:
+            size = len(payload.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate in `data`: relayed as its \uXXXX escape
+            payload = json.dumps({"execution_id": execution_id, **message}, separators=(",", ":"))
+            size = len(payload)
+        if size > NOTIFY_LIMIT:
             self.dropped += 1
             return
         try:

@@ -71,6 +71,26 @@ def test_a_subscriber_on_b_receives_deltas_published_on_a_in_seq_order(
     assert all(m["step_id"] == sid and m["data"] == f"tok{m['seq']} " for m in seen)
 
 
+def test_data_with_a_lone_surrogate_and_nul_crosses_replicas_unchanged(
+    replicas: tuple[Kernel, ServerThread, ServerThread],
+) -> None:
+    k, a, b = replicas
+    running = Running(k)
+    eid, did, att = running.start()
+    agent = AgentClient(a.url, running.agent_id, running.secret).lease(did, att)
+    sid = agent.submit(eid, "llm", {"q": 1}, kind="llm_call").json()["step_id"]
+    seen: list[dict[str, Any]] = []
+    ready = threading.Event()
+    t = threading.Thread(target=_subscribe, args=(b.url, eid, 1, seen, ready), daemon=True)
+    t.start()
+    assert ready.wait(10), "the subscriber on B never got its ': ok'"
+    data = "caf\udce9 \ud800 \x00"
+    r = agent.request("POST", f"/v0/executions/{eid}/steps/{sid}/stream", {"seq": 0, "data": data})
+    assert r.status_code == 204, r.text
+    t.join(15)
+    assert [m["data"] for m in seen] == [data]
+
+
 def test_a_stalled_subscriber_on_b_does_not_slow_the_producer_on_a(
     replicas: tuple[Kernel, ServerThread, ServerThread],
 ) -> None:

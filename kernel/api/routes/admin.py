@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Strict, parse_model
-from kernel.api.deps import auth_of, call, kernel_of
+from kernel.api.body import Name, Strict, parse_model
+from kernel.api.deps import agent_param, auth_of, call, kernel_of
 from kernel.api.render import JSONResponse, agent_json
 from kernel.api.routes.client import _body
 from kernel.core import agents
@@ -16,9 +16,9 @@ router = APIRouter()
 
 
 class RegisterAgentBody(Strict):
-    id: str
-    webhook_url: str
-    secret: str
+    id: Name
+    webhook_url: Name
+    secret: Name
     lease_timeout_seconds: int | None = None
 
 
@@ -41,12 +41,12 @@ async def list_agents(request: Request) -> Response:
 @router.get("/v0/agents/{agent_id}", openapi_extra=schema.operation(answer=schema.AGENT))
 async def get_agent(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "agents:read")
-    a = await call(agents.get_agent, kernel_of(request), agent_id)
+    a = await call(agents.get_agent, kernel_of(request), agent_param(agent_id))
     return JSONResponse(agent_json(a))
 
 
 @router.delete("/v0/agents/{agent_id}", openapi_extra=schema.operation(ok=204))
 async def delete_agent(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "agents:write")
-    await call(agents.delete_agent, kernel_of(request), agent_id)
+    await call(agents.delete_agent, kernel_of(request), agent_param(agent_id))
     return Response(status_code=204)

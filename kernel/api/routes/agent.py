@@ -10,8 +10,8 @@ from pydantic import model_validator
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Strict, _Number, dumps_lexical, parse_model
-from kernel.api.deps import auth_of, call, kernel_of, lease, uuid_param
+from kernel.api.body import Name, Strict, _Number, dumps_lexical, parse_model, scrub_text
+from kernel.api.deps import agent_param, auth_of, call, kernel_of, lease, step_param, uuid_param
 from kernel.api.render import JSONResponse, execution_json, step_json
 from kernel.core import executions, sessions, steps
 from kernel.domain import StepKind
@@ -23,10 +23,10 @@ _KINDS = frozenset(k.value for k in StepKind)
 
 
 class SubmitBody(Strict):
-    kind: str
-    target: str
+    kind: Name
+    target: Name
     args: Any = None
-    idempotency: str = "safe_to_retry"
+    idempotency: Name = "safe_to_retry"
     # Sent by the official SDK (0.29) on every submit; accepted and ignored (docs/api.md).
     resources: Any = None
 
@@ -71,7 +71,7 @@ class FailExecutionBody(Strict):
 
 
 class MetadataBody(Strict):
-    description: str | None = None
+    description: Name | None = None
     input_schema: Any = None
     output_schema: Any = None
 
@@ -117,7 +117,7 @@ async def _outcome(request: Request, execution_id: str, step_id: str, failed: bo
         kwargs = {"result": cb.result}
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
     answer = await call(
-        steps.record_outcome, kernel_of(request), a.agent_id, eid, step_id.lower(), did, attempt, **kwargs
+        steps.record_outcome, kernel_of(request), a.agent_id, eid, step_param(step_id), did, attempt, **kwargs
     )
     request.app.state.metrics.outcome(failed, answer.decision)
     return JSONResponse(answer.to_json())
@@ -173,7 +173,7 @@ async def fail_execution(execution_id: str, request: Request) -> Response:
     body = parse_model(FailExecutionBody, a.body, allow_empty=True)
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
     await call(executions.finish_execution, kernel_of(request), a.agent_id, eid, did, attempt,
-               error=body.error, failed=True)
+               error=scrub_text(body.error), failed=True)
     return Response(status_code=204)
 
 
@@ -181,7 +181,7 @@ async def fail_execution(execution_id: str, request: Request) -> Response:
             openapi_extra=schema.operation(MetadataBody, body_required=False, ok=204))
 async def put_metadata(agent_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request)
-    if a.agent_id != agent_id:
+    if a.agent_id != agent_param(agent_id):
         raise Forbidden("forbidden: an agent may only describe itself")
     body = parse_model(MetadataBody, a.body, allow_empty=True)
 
@@ -248,5 +248,5 @@ async def list_steps(execution_id: str, request: Request, status: str | None = N
 async def get_step(execution_id: str, step_id: str, request: Request) -> Response:
     agent_id = await _reader(request)
     eid = uuid_param(execution_id, "execution id")
-    s = await call(steps.get_step, kernel_of(request), eid, step_id.lower(), agent_id)
+    s = await call(steps.get_step, kernel_of(request), eid, step_param(step_id), agent_id)
     return JSONResponse(step_json(s))

@@ -8,13 +8,17 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Strict, parse_model, read_body
-from kernel.api.deps import auth_of, call, kernel_of, uuid_param
+from kernel.api.body import Name, Strict, parse_model, read_body
+from kernel.api.deps import agent_param, auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse, approval_json, event_json, execution_json
 from kernel.core import approvals, executions, forks
+from kernel.domain import ApprovalStatus, ExecutionStatus
 from kernel.errors import ValidationError
 
 router = APIRouter()
+_EXECUTION_STATUSES = frozenset(s.value for s in ExecutionStatus)
+_APPROVAL_STATUSES = frozenset(s.value for s in ApprovalStatus) | {"all"}
+INT64_MAX = 2**63 - 1
 
 
 class SpawnedBy(Strict):
@@ -23,9 +27,9 @@ class SpawnedBy(Strict):
 
 
 class CreateExecutionBody(Strict):
-    agent_id: str
+    agent_id: Name
     input: Any = None
-    idempotency_key: str | None = None
+    idempotency_key: Name | None = None
     session: str | None = None
     parent_execution_id: str | None = None
     spawned_by: SpawnedBy | None = None
@@ -55,8 +59,8 @@ def check_session(session: str | None) -> str | None:
 
 
 class DecideBody(Strict):
-    decided_by: str = ""
-    rationale: str | None = None
+    decided_by: Name = ""
+    rationale: Name | None = None
 
 
 async def _body(request: Request) -> bytes:
@@ -102,8 +106,12 @@ async def list_executions(request: Request) -> Response:
     limit = _int_param(q.get("limit"), 50, "limit", lo=1, hi=200)
     cursor = uuid_param(q["cursor"], "cursor") if q.get("cursor") else None
     parent = uuid_param(q["parent"], "parent") if q.get("parent") else None
+    agent_id = agent_param(q["agent_id"]) if q.get("agent_id") else None
+    status = q.get("status") or None
+    if status is not None and status not in _EXECUTION_STATUSES:
+        raise ValidationError(f"validation error: status must be one of {', '.join(sorted(_EXECUTION_STATUSES))}")
     rows, next_cursor, children = await call(
-        executions.list_executions, kernel_of(request), q.get("agent_id"), q.get("status"), cursor, limit,
+        executions.list_executions, kernel_of(request), agent_id, status, cursor, limit,
         check_session(q.get("session")), parent)
     out: dict[str, Any] = {"executions": [execution_json(e, children.get(e.id, [])) for e in rows]}
     if next_cursor:
@@ -118,13 +126,17 @@ async def list_events(execution_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "executions:read")
     eid = uuid_param(execution_id, "execution id")
     q = request.query_params
-    # Unparsable values fall back to the defaults, as Rebuno does (rebuno-v0 §7.2).
+    # Unparsable values fall back to the defaults, as Rebuno does (rebuno-v0 §7.2); a whole number
+    # past the int64 event seqs is a 400 (no store compares such a value).
+    text = (q.get("after_seq") or "0").strip()
+    if text.isdigit() and (len(text) > 19 or int(text) > INT64_MAX):
+        raise ValidationError(f"validation error: after_seq must be at most {INT64_MAX}")
     try:
-        after = max(int(q.get("after_seq", "0") or 0), 0)
+        after = max(int(text), 0)
     except ValueError:
         after = 0
     try:
-        limit = int(q.get("limit", "100") or 100)
+        limit = int(q.get("limit", "100")[:20] or 100)
     except ValueError:
         limit = 100
     limit = 100 if limit <= 0 else min(limit, 1000)
@@ -188,6 +200,8 @@ async def fork_points(execution_id: str, request: Request) -> Response:
 async def list_approvals(request: Request) -> Response:
     await call(auth_of(request).principal, request, "approvals:read")
     status = request.query_params.get("status") or "pending"
+    if status not in _APPROVAL_STATUSES:
+        raise ValidationError(f"validation error: status must be one of {', '.join(sorted(_APPROVAL_STATUSES))}")
     rows = await call(approvals.list_approvals, kernel_of(request), None if status == "all" else status)
     return JSONResponse([approval_json(a) for a in rows])
 

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Strict, parse_model
-from kernel.api.deps import auth_of, call, kernel_of, uuid_param
+from kernel.api.body import Strict, check_text, parse_model
+from kernel.api.deps import agent_param, auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse
 from kernel.api.routes.client import _body
 from kernel.clock import rfc3339
@@ -65,9 +65,10 @@ async def bundle_of(request: Request) -> tuple[str, str]:
     if isinstance(body.bundle, dict):
         if body.kind != "rego":
             raise ValidationError('validation error: an object bundle needs "kind": "rego"')
-        return body.kind, _rego_content(body.bundle)
+        return body.kind, check_text(_rego_content(body.bundle), "bundle")
     if body.kind == "rego":
         raise ValidationError("validation error: a Rego bundle is an object {modules, data, manifest} or a .tar.gz upload")
+    check_text(body.bundle, "bundle")
     return body.kind, body.bundle
 
 
@@ -80,21 +81,22 @@ def actor_of(request: Request, principal: Principal) -> Actor:
 async def store_policy(agent_id: str, request: Request) -> Response:
     principal = await call(auth_of(request).principal, request, "policies:write")
     kind, content = await bundle_of(request)
-    await call(policies.store_policy, kernel_of(request), agent_id, kind, content, actor_of(request, principal))
+    await call(policies.store_policy, kernel_of(request), agent_param(agent_id), kind, content,
+               actor_of(request, principal))
     return Response(status_code=204)
 
 
 @router.get("/v0/policies/{agent_id}", openapi_extra=schema.operation(answer=schema.POLICY))
 async def get_policy(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write")
-    r = await call(policies.active_policy, kernel_of(request), agent_id)
+    r = await call(policies.active_policy, kernel_of(request), agent_param(agent_id))
     return JSONResponse(_json(r))
 
 
 @router.get("/v0/policies/{agent_id}/revisions", openapi_extra=schema.operation(answer=schema.array(schema.POLICY)))
 async def list_revisions(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write")
-    rows = await call(policies.list_revisions, kernel_of(request), agent_id)
+    rows = await call(policies.list_revisions, kernel_of(request), agent_param(agent_id))
     return JSONResponse([_json(r, with_content=False) for r in rows])
 
 
@@ -109,7 +111,8 @@ async def get_revision(agent_id: str, policy_hash: str, request: Request) -> Res
 @router.post("/v0/policies/{agent_id}/revisions/{seq}/activate", openapi_extra=schema.operation(ok=204))
 async def activate(agent_id: str, request: Request, seq: int = Path(ge=1, le=_MAX_SEQ)) -> Response:
     principal = await call(auth_of(request).principal, request, "policies:write")
-    await call(policies.activate_revision, kernel_of(request), agent_id, seq, actor_of(request, principal))
+    await call(policies.activate_revision, kernel_of(request), agent_param(agent_id), seq,
+               actor_of(request, principal))
     return Response(status_code=204)
 
 
@@ -146,6 +149,9 @@ async def test_policy(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write", "executions:read")
     body = parse_model(TestBody, await _body(request), allow_empty=True)
     k = kernel_of(request)
+    agent_id = agent_param(agent_id)
+    if isinstance(body.bundle, str):
+        check_text(body.bundle, "bundle")
     candidate = await call(_candidate, body)
     if body.executions is not None and body.execution_id is None:
         scope = body.executions

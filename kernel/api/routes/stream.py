@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from kernel.api import schema
 from kernel.api.body import Strict, parse_model
-from kernel.api.deps import auth_of, call, kernel_of, uuid_param
+from kernel.api.deps import auth_of, call, kernel_of, step_param, uuid_param
 from kernel.core import executions, steps
 from kernel.domain import StepStatus
 from kernel.errors import Conflict, ValidationError
@@ -40,9 +40,10 @@ async def publish_delta(execution_id: str, step_id: str, request: Request) -> Re
     a = await auth_of(request).agent(request)
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(DeltaBody, a.body)
-    if len(body.data.encode("utf-8")) > MAX_DATA_BYTES:
+    # surrogatepass: a lone surrogate in `data` is relayed as its JSON escape (docs/stream.md).
+    if len(body.data.encode("utf-8", "surrogatepass")) > MAX_DATA_BYTES:
         raise ValidationError(f"data is over {MAX_DATA_BYTES} bytes")
-    s = await call(steps.get_step, kernel_of(request), eid, step_id.lower(), a.agent_id)
+    s = await call(steps.get_step, kernel_of(request), eid, step_param(step_id), a.agent_id)
     if s.status != StepStatus.EXECUTING:
         raise Conflict(f"step {s.step_id} is {s.status}, not executing")
     broker_of(request).publish(eid, {"step_id": s.step_id, "seq": body.seq, "data": body.data})
