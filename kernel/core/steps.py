@@ -414,9 +414,12 @@ def record_outcome(
         if e.status.is_terminal:
             return StepAnswer("execution_terminal")
         if s.status.is_terminal:
-            if failed:
-                return StepAnswer("replay", error=s.error)
-            return StepAnswer("replay", result=s.result)
+            # The stored outcome, whichever call this is, as the submit route's replay answers it:
+            # a succeeded step's result, any other terminal step's error, never `"result": null`
+            # for a step that failed (rebuno-v0 §2.1: empty fields are omitted).
+            if s.status == StepStatus.SUCCEEDED:
+                return StepAnswer("replay", result=s.result)
+            return StepAnswer("replay", error=s.error)
         if s.status != StepStatus.EXECUTING:
             raise Conflict(f"conflict: cannot record outcome for step in status {s.status.value}")
         check_attempt(d, execution_id, attempt)

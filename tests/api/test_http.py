@@ -246,3 +246,23 @@ def test_a_path_no_route_matches_is_404_in_the_envelope(server: ServerThread, pa
     r = httpx.get(server.url + path)
     assert r.status_code == 404
     assert r.json()["code"] == "not_found" and "message" in r.json()
+
+
+def test_completing_a_failed_step_replays_its_error_without_a_result_key(
+        server: ServerThread, running: Running, agent_client: AgentClient) -> None:
+    eid, did, att = running.start()
+    agent_client.lease(did, att)
+    sid = agent_client.submit(eid, "fs.read", {"p": "/x"}).json()["step_id"]
+    assert agent_client.fail_step(eid, sid, {"m": "boom"}).json() == {"decision": "recorded"}
+    # rebuno-v0 §2.1: empty fields are omitted; the stored error, as the submit route's replay.
+    assert agent_client.complete_step(eid, sid, {"late": True}).json() == {"decision": "replay", "error": {"m": "boom"}}
+    assert agent_client.fail_step(eid, sid, {"m": "again"}).json() == {"decision": "replay", "error": {"m": "boom"}}
+
+
+def test_failing_a_succeeded_step_replays_its_result(
+        server: ServerThread, running: Running, agent_client: AgentClient) -> None:
+    eid, did, att = running.start()
+    agent_client.lease(did, att)
+    sid = agent_client.submit(eid, "t", {}).json()["step_id"]
+    assert agent_client.complete_step(eid, sid, {"ok": 1}).json() == {"decision": "recorded"}
+    assert agent_client.fail_step(eid, sid, {"m": "late"}).json() == {"decision": "replay", "result": {"ok": 1}}
