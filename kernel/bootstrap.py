@@ -47,6 +47,7 @@ def build_kernel(settings: Settings, store: SqlStore, **overrides: Any) -> Kerne
         record_decisions=settings.record_decisions,
         bootstrap_approvals=settings.bootstrap_approvals,
         agent_cache_ttl=settings.agent_cache_ttl,
+        max_backlog=settings.max_backlog,
         **overrides,
     )
 

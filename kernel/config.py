@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     dispatch_concurrency: int = 8
     dispatch_lease_timeout: float = 120.0
     dispatch_poll_interval: float = 0.25
+    # Admission control: POST /v0/executions answers 503 with Retry-After while this many
+    # dispatches wait undelivered (0 = no bound)
+    max_backlog: int = Field(default=10_000, ge=0)
 
     # Approvals, sweeps
     approval_timeout: float = 900.0

@@ -56,6 +56,17 @@ class LeaseSuperseded(RegentError):
     default_message = "dispatch lease superseded"
 
 
+class Overloaded(RegentError):
+    """Admission control: the undelivered backlog is past its bound; retry after `retry_after` s."""
+
+    code = "overloaded"
+    default_message = "overloaded"
+
+    def __init__(self, message: str | None = None, *, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class StoreUnavailable(RegentError):
     code = "unavailable"
     default_message = "store unavailable"

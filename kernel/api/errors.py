@@ -29,6 +29,7 @@ CODE_TO_STATUS: dict[str, int] = {
     "lease_superseded": 409,
     "payload_too_large": 413,
     "internal_error": 500,
+    "overloaded": 503,
     "unavailable": 503,
 }
 
@@ -65,7 +66,10 @@ def install(app: FastAPI) -> None:
     async def _regent(_: Request, exc: RegentError) -> Response:
         metrics.error(exc.code)
         response = error_response(exc.code, exc.message, exc.details)
-        if exc.code == "unavailable":
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            response.headers["Retry-After"] = str(retry_after)
+        elif exc.code == "unavailable":
             response.headers["Retry-After"] = "1"  # the store is down or full: worth retrying soon
         return response
 

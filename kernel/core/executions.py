@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,7 +22,7 @@ from kernel.domain import (
     ExecutionStatus,
     StepStatus,
 )
-from kernel.errors import ExecutionTerminal, Forbidden, NotFound
+from kernel.errors import ExecutionTerminal, Forbidden, NotFound, Overloaded
 from kernel.identity import new_uuid7
 from kernel.store import Tx
 
@@ -37,6 +38,21 @@ class Lineage:
     spawned_step_id: str | None = None  # the parent's step this child's outcome is recorded on
 
 
+def admit(k: Kernel) -> None:
+    """Admission control for creates: 503 `overloaded` with Retry-After while the undelivered
+    backlog is at REGENT_MAX_BACKLOG (docs/api.md). The count is cached for `k.backlog_ttl`."""
+    if k.max_backlog <= 0:
+        return
+    gauge, now = k.backlog, time.monotonic()
+    if now - gauge.read_at >= k.backlog_ttl:
+        with k.store.read() as tx:
+            gauge.value = tx.count_undelivered()
+        gauge.read_at = now
+    if gauge.value >= k.max_backlog:
+        raise Overloaded(f"overloaded: {gauge.value} executions wait for delivery (bound {k.max_backlog}); "
+                         "retry later", retry_after=1)
+
+
 def create_execution(
     k: Kernel, agent_id: str, input: Any, idempotency_key: str | None = None, lineage: Lineage | None = None,
     created_by: str | None = None,
@@ -44,6 +60,7 @@ def create_execution(
     """Create an execution: running and enqueued, or `pending` when its session is busy. A
     repeated idempotency key returns the first one. `created_by`: the creating credential (an API
     key's id, "bootstrap" or "dev"), recorded so that key cannot approve the execution's steps."""
+    admit(k)
     now = k.clock.now()
     lin = lineage or Lineage()
     try:

@@ -62,6 +62,14 @@ class SecretCache:
             self._items.pop(agent_id, None)
 
 
+class BacklogGauge:
+    """The last undelivered-dispatch count read, and when (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.read_at = float("-inf")
+
+
 @dataclass
 class Kernel:
     store: SqlStore
@@ -86,6 +94,11 @@ class Kernel:
     secrets: SecretCache = field(default_factory=SecretCache)
     # Dispatch claims that raised and were skipped (kernel/core/dispatch.py); /metrics shows it.
     dispatch_claims_skipped: int = 0
+    # Admission control (REGENT_MAX_BACKLOG): creates are refused 503 while this many dispatches
+    # wait undelivered (0: no bound); the count is re-read at most every `backlog_ttl` seconds.
+    max_backlog: int = 0
+    backlog_ttl: float = 0.5
+    backlog: BacklogGauge = field(default_factory=lambda: BacklogGauge())
     decision_log: DecisionLog = field(default_factory=NoDecisionLog)
 
     def __post_init__(self) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from kernel.domain import Approval, Dispatch, DispatchStatus
@@ -82,6 +82,13 @@ class DispatchQueries:
             .values(updated_at=now, **values)
         )
         return res.rowcount > 0
+
+    def count_undelivered(self) -> int:
+        """Dispatches queued and not yet handed to their agent (pending, or failed awaiting a retry)."""
+        c = t.dispatches.c
+        q = select(func.count()).select_from(t.dispatches).where(
+            c.status.in_((DispatchStatus.PENDING.value, DispatchStatus.FAILED.value)))
+        return int(self.conn.execute(q).scalar_one())
 
     def defer_dispatch(self, dispatch_id: str, now: datetime, delay: float) -> tuple[str, int, int] | None:
         """Count a failed claim on a row and move its next attempt `delay` seconds on, reading only
