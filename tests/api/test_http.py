@@ -196,7 +196,7 @@ def test_heartbeat_and_complete_execution(server: ServerThread, running: Running
     assert agent_client.request("POST", f"/v0/executions/{eid}/complete", {"output": {"a": 1}}).status_code == 204
     r = agent_client.request("POST", f"/v0/executions/{eid}/complete", {"output": 2})
     assert r.status_code == 409 and r.json()["code"] == "execution_terminal"
-    # Signed a second later: the same heartbeat bytes again would be refused as a replay (401).
+    # Signed a second later, as the SDK's next heartbeat would be.
     late = agent_client.request("POST", f"/v0/executions/{eid}/heartbeat", ts=int(time.time()) + 1)
     assert late.status_code == 409
     got = httpx.get(f"{server.url}/v0/executions/{eid}").json()
