@@ -141,3 +141,9 @@ def agent_client(server: ServerThread, running: Running) -> Iterator[AgentClient
     c = AgentClient(server.url, running.agent_id, running.secret)
     yield c
     c.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The browser tests run last: while Playwright's sync API is open its event loop counts as
+    running on the main thread, so a test after them that calls asyncio.run() would fail."""
+    items.sort(key=lambda item: "tests/console/" in item.nodeid.replace("\\", "/"))

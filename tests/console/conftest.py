@@ -44,8 +44,10 @@ def _no_browser(reason: str) -> None:
     pytest.skip(msg)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # Module scope: Playwright's sync API leaves its event loop marked running on the main thread
+    # while it is open, and any later test calling asyncio.run() would then fail.
     if not os.path.exists(CHROMIUM):
         _no_browser(f"{CHROMIUM} not found")
     try:
