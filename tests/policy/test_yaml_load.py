@@ -484,3 +484,10 @@ ACCEPTED = [
 @pytest.mark.parametrize("text", [a[1] for a in ACCEPTED], ids=[a[0] for a in ACCEPTED])
 def test_bundle_accepted_silently(text: str) -> None:
     _compile(text)
+
+
+@pytest.mark.parametrize("text", ["\x85\x8b\xd3Q\x14K'", "rules: \x14", "\x00"], ids=["fuzzed", "in-value", "nul"])
+def test_control_characters_are_a_load_error_not_a_crash(text: str) -> None:
+    # Found by the reliability fuzzer: PyYAML's reader refuses these when the loader is built.
+    with pytest.raises(ValidationError, match="unacceptable character"):
+        compile_yaml_bundle(text, revision="r")

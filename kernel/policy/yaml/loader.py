@@ -54,7 +54,11 @@ def parse_document(text: str) -> Node | None:
     Later documents are never read, so a syntax error after the first ``---`` is not reported
     (Rebuno decodes one document the same way).
     """
-    loader = _StrictLoader(text)
+    try:
+        # The reader checks the text when the loader is built: a control character raises there.
+        loader = _StrictLoader(text)
+    except yaml.YAMLError as exc:
+        raise bundle_error(None, f"YAML: {exc}") from None
     try:
         if not loader.check_node():
             return None
