@@ -341,19 +341,27 @@ class Worker:
             "into data.json, or build the object with object.union from smaller ones"
         )
 
-    def evaluate(self, payload: bytes, capture: bool = False) -> None:
-        self.last_prints = ""
+    def _request(self, payload: bytes, what: str) -> tuple[Any, Any] | None:
+        """The held bundle a request names (key prefix) and its decoded JSON body; None after
+        answering OP_MISSING (bundle not held) or a failure (body not JSON)."""
         key = payload[: P.KEY_BYTES].decode("ascii")
         entry = self.bundles.get(key)
         if entry is None:
             self.send(P.OP_MISSING)
-            return
+            return None
         self.bundles.move_to_end(key)
         try:
-            document = json.loads(payload[P.KEY_BYTES :])
+            return entry, json.loads(payload[P.KEY_BYTES :])
         except ValueError as exc:
-            self.fail(f"input document is not JSON: {exc}")
+            self.fail(f"{what} is not JSON: {exc}")
+            return None
+
+    def evaluate(self, payload: bytes, capture: bool = False) -> None:
+        self.last_prints = ""
+        found = self._request(payload, "input document")
+        if found is None:
             return
+        entry, document = found
         _, bundle, entrypoint, runtime = entry
         if not self._set_document(runtime, document):
             return
@@ -398,17 +406,10 @@ class Worker:
 
     def probe(self, payload: bytes) -> None:
         """Evaluate several entrypoints of one bundle on one input (OP_PROBE)."""
-        key = payload[: P.KEY_BYTES].decode("ascii")
-        entry = self.bundles.get(key)
-        if entry is None:
-            self.send(P.OP_MISSING)
+        found = self._request(payload, "probe request")
+        if found is None:
             return
-        self.bundles.move_to_end(key)
-        try:
-            req = json.loads(payload[P.KEY_BYTES :])
-        except ValueError as exc:
-            self.fail(f"probe request is not JSON: {exc}")
-            return
+        entry, req = found
         _, bundle, _, runtime = entry
         if not self._set_document(runtime, req.get("input")):
             return
