@@ -234,12 +234,16 @@ def build_runtime(settings: Settings) -> Runtime:
         dev=settings.dev,
         max_body_bytes=settings.max_body_bytes,
         signature_window_seconds=settings.signature_window_seconds,
-        console_session_key=(settings.console_session_key.get_secret_value().encode()
-                             if settings.console_session_key else None),
-        console_session_ttl_seconds=settings.console_session_ttl,
         lifespan_hooks=stream_hooks(settings, store) + background_hooks(settings, kernel)
         + decision_log_hooks(decision_log) + judge_hooks(judge) + bundle_hooks(kernel, pulled),
     )
+    # The console is mounted here, beside the API rather than inside it: api/ does not know it exists.
+    from kernel import console
+
+    console.install(app, dev=settings.dev, bearer_token=token,
+                    session_key=(settings.console_session_key.get_secret_value().encode()
+                                 if settings.console_session_key else None),
+                    session_ttl_seconds=settings.console_session_ttl)
     if decision_log is not None:
         from kernel.decisionlog import DecisionLogCollector
 

@@ -25,8 +25,6 @@ def create_app(
     signature_window_seconds: int = 300,
     lifespan_hooks: list[Callable[[FastAPI], Any]] | None = None,
     registry: CollectorRegistry | None = None,
-    console_session_key: bytes | None = None,
-    console_session_ttl_seconds: float = 8 * 3600,
 ) -> FastAPI:
     hooks = lifespan_hooks or []
 
@@ -59,9 +57,5 @@ def create_app(
     for r in (agent.router, stream.router, client.router, admin.router, policies.router, audit.router,
               shadow.router, ops.router):
         app.router.routes.extend(r.routes)
-    from kernel import console
-
-    console.install(app, dev=dev, bearer_token=bearer_token, session_key=console_session_key,
-                    session_ttl_seconds=console_session_ttl_seconds)
     schema.install(app)
     return app

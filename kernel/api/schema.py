@@ -103,16 +103,15 @@ _UUID_PARAMS = frozenset({"execution_id", "approval_id"})
 
 
 def install(app: FastAPI) -> None:
-    """Post-process the generated document once: only the API's routes, which answer 400 (not
-    FastAPI's 422) for a bad parameter; ids that are UUIDs say so; how each caller authenticates."""
+    """Post-process the generated document once (the console's pages leave themselves out of it):
+    the API's routes answer 400 (not FastAPI's 422) for a bad parameter; ids that are UUIDs say so;
+    how each caller authenticates."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
         doc = build()
-        # The document is the HTTP API's; the console's HTML pages (cookie sessions, forms) are not in it.
-        doc["paths"] = {path: item for path, item in doc.get("paths", {}).items() if not path.startswith("/console")}
         for item in doc["paths"].values():
             for op in item.values():
                 answers = op.setdefault("responses", {})

@@ -15,7 +15,7 @@ from kernel.core.inbox import inbox
 from kernel.errors import Conflict, Forbidden, NotFound, ValidationError
 from kernel.identity import parse_uuid
 
-router = APIRouter(route_class=ConsoleRoute)
+router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 MAX_COMMENT = 2000
 
 

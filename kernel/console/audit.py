@@ -31,7 +31,7 @@ from kernel.core import agents, decisions
 from kernel.domain import DecisionOutcome
 from kernel.errors import ValidationError
 
-router = APIRouter(route_class=ConsoleRoute)
+router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 SCOPE = "decisions:read"
 PAGE_SIZE = 50
 BUCKETS = 24

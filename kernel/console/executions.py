@@ -24,7 +24,7 @@ from kernel.domain import ExecutionStatus
 from kernel.errors import ValidationError
 from kernel.identity import parse_uuid
 
-router = APIRouter(route_class=ConsoleRoute)
+router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 PAGE_SIZE = 50
 TIMELINE_SCOPES = ("executions:read", "approvals:read")  # an approver sees the timelines too
 

@@ -17,7 +17,7 @@ from kernel.core.policy_test import Candidate
 from kernel.domain import PolicyInput, StepKind
 from kernel.errors import ValidationError
 
-router = APIRouter(route_class=ConsoleRoute)
+router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 DEFAULTS = {"agent_id": "", "kind": "tool_call", "target": "", "args": "{}", "candidate": "", "n": "10"}
 
 

@@ -20,7 +20,7 @@ from kernel.core import agents, policies, shadow
 from kernel.core.policies import Actor, PolicyRevision
 from kernel.errors import NotFound, ValidationError
 
-router = APIRouter(route_class=ConsoleRoute)
+router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 _LINE = re.compile(r"\bline (\d+)(?::(\d+))?: ")
 
 

@@ -20,7 +20,7 @@ from kernel.console.web import (
 )
 from kernel.errors import Unauthorized
 
-router = APIRouter(route_class=ConsoleRoute)
+router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 
 
 def _next(value: str | None) -> str:
