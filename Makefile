@@ -15,9 +15,13 @@ install: $(STAMP)
 dev: $(STAMP)
 	$(BIN)/regent dev
 
+# The suite mostly waits on real servers (kernels, agents, PostgreSQL, a browser), so it runs in
+# PYTEST_WORKERS processes, a test module to a process (--dist loadfile); PYTEST_WORKERS=0 runs it in one.
+PYTEST_WORKERS ?= 3
+
 test: $(STAMP)
 	$(BIN)/ruff check kernel tests bench reliability
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/regent bench
