@@ -22,6 +22,7 @@ from .decision import decision_from_output, eval_error
 from .diagnostics import CompileError, compile_errors
 from .document import input_document
 from .pool import DEFAULT_MAX_RSS_BYTES, WorkerFault, WorkerHandle, WorkerPool
+from .trace import ProbeError, locate_error
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "CompileReport", "ProbeError", "RegoEngine"]
 
@@ -46,10 +47,6 @@ _COUNTERS = (
     "crashes",
     "bundle_loads",
 )
-
-
-class ProbeError(Exception):
-    """A probe could not run (the bundle did not load, or the worker faulted)."""
 
 
 @dataclass(frozen=True)
@@ -303,8 +300,6 @@ class RegoEngine:
         "" when they cannot tell (only the error path pays for this)."""
         if message.startswith("input document"):
             return ""
-        from .trace import locate_error
-
         try:
             where = locate_error(self, bundle, document, message)
         except Exception:  # the locator must never turn a deny into a crash

@@ -8,7 +8,7 @@ coverage and a `file:line (rule …)` for an evaluation that errored.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kernel.domain.decision import Decision, PolicyInput
 
@@ -17,12 +17,26 @@ from .decision import _VERDICT_RANK, decision_from_output
 from .document import input_document
 from .instrument import Instrumented, LineCoverage
 
-if TYPE_CHECKING:
-    from .engine import RegoEngine
-
-__all__ = ["Traced", "decision_json", "explain_rego", "locate_error", "traced_evaluate"]
+__all__ = ["ProbeError", "Prober", "Traced", "decision_json", "explain_rego", "locate_error", "traced_evaluate"]
 
 _CONFLICT_CODES = ("eval_conflict_error", "multiple outputs", "must not produce")
+
+
+class ProbeError(Exception):
+    """A probe could not run (the bundle did not load, or the worker faulted)."""
+
+
+class Prober(Protocol):
+    """What this module needs of an engine (`engine.RegoEngine` is one): the engine imports this
+    module, never the other way round."""
+
+    def probe(self, bundle: RegoBundle, document: dict[str, Any], entrypoints: list[str]) -> list[dict[str, Any]]:
+        """Several entrypoints of ``bundle`` on one input; raises ProbeError."""
+        ...
+
+    def evaluate_document(self, bundle: RegoBundle, document: dict[str, Any]) -> Decision: ...
+
+    def explain(self, bundle: RegoBundle, inp: PolicyInput) -> tuple[Decision, str]: ...
 
 
 def decision_json(d: Decision) -> dict[str, Any]:
@@ -55,11 +69,9 @@ class Traced:
     error: str = ""
 
 
-def traced_evaluate(engine: RegoEngine, bundle: RegoBundle, document: dict[str, Any]) -> Traced:
+def traced_evaluate(engine: Prober, bundle: RegoBundle, document: dict[str, Any]) -> Traced:
     """Evaluate the entrypoint and the probe collector of ``bundle``'s twin in one worker call."""
     twin, probes = bundle.instrumented
-    from .engine import ProbeError
-
     try:
         [combined] = engine.probe(twin, document, [probes.combined])
     except ProbeError as exc:
@@ -82,7 +94,7 @@ def coverage_of(bundle: RegoBundle, hits: set[str]) -> LineCoverage:
     return bundle.instrumented[1].line_coverage(hits)
 
 
-def explain_rego(engine: RegoEngine, bundle: RegoBundle, inp: PolicyInput, *,
+def explain_rego(engine: Prober, bundle: RegoBundle, inp: PolicyInput, *,
                  rules: tuple[str, ...] = ()) -> dict[str, Any]:
     """The explain document: the decision, every member of the decision set (overridden ones
     marked), and a trace of each definition of the entrypoint rule and of ``rules`` (rule names
@@ -136,11 +148,9 @@ def _members(value: Any, decision: Decision) -> list[dict[str, Any]]:
     return members
 
 
-def locate_error(engine: RegoEngine, bundle: RegoBundle, document: dict[str, Any], error: str) -> str:
+def locate_error(engine: Prober, bundle: RegoBundle, document: dict[str, Any], error: str) -> str:
     """Where an evaluation error comes from, as ``file:line (rule NAME)`` text; "" when the probes
     cannot tell. Runs every probe and rule of the twin separately, so only the error path pays."""
-    from .engine import ProbeError
-
     twin, probes = bundle.instrumented
     names = list(probes.probes)
     rule_eps = list(probes.rule_entrypoints)
