@@ -1,10 +1,13 @@
 """Forks: a new execution rerunning an existing one, recorded through an event seq and live after.
 
-The fork copies the source's steps that reached a terminal outcome (succeeded, failed, denied) at
-or before `at_seq`, under the step ids the fork computes for them, and their `step.*` events,
-ahead of its own `execution.started`: its rerun replays them through the normal replay path and
-runs everything after the fork point live, under policy (its own bundle, when it has one). The
-copy is two bulk inserts (steps, events) in the transaction that creates the fork.
+A fork copies nothing when it is created: it names its source and the fork point (`forked_from`,
+`fork_seq`), and that is its lineage. Its rerun looks each step up in its own steps first (one
+primary-key lookup, as any execution's does); a step it has not recorded yet is looked up, by
+the id the source gave it, among the source's steps whose outcome event (succeeded, failed,
+denied) is at or before `fork_seq` (`steps.outcome_seq`, set when the outcome is appended). A hit
+is written into the fork, with its `step.proposed` and outcome events, and replayed; a miss runs
+live, under policy (the fork's own bundle, when it has one). Creating a fork therefore costs the
+same whatever the length of the source's history (docs/api.md, "Forks").
 """
 
 from __future__ import annotations
@@ -18,16 +21,11 @@ from kernel.core import events as ev
 from kernel.core.dispatch import enqueue
 from kernel.core.kernel import Kernel
 from kernel.domain import EventType, Execution, ExecutionStatus
-from kernel.domain.step import TERMINAL_STEP_STATUSES
 from kernel.errors import NotFound, ValidationError
 from kernel.identity import new_uuid7
-from kernel.identity import step_id as compute_step_id
-from kernel.store import codec
-from kernel.store import tables as t
 
-# The outcomes a fork point can follow, and the events copied with the steps they name.
+# The outcomes a fork point can follow.
 _OUTCOME_EVENTS = frozenset({EventType.STEP_SUCCEEDED.value, EventType.STEP_FAILED.value, EventType.STEP_DENIED.value})
-_REPLAYABLE = frozenset(s.value for s in TERMINAL_STEP_STATUSES) - {"cancelled"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,27 +45,8 @@ def fork_execution(
         last = tx.last_event_seq(source_id)
         if not 0 <= at_seq <= last:
             raise ValidationError(f"validation error: at_seq must be between 0 and {last} (the last event)")
-        rows = tx.events_upto(source_id, at_seq)
-        outcome_ids = [json.loads(r.payload).get("step_id") for r in rows if r.type in _OUTCOME_EVENTS]
-        steps = [s for s in tx.step_rows([i for i in outcome_ids if i]) if s.status in _REPLAYABLE]
     revision = k.policy.check(bundle.kind, bundle.content) if bundle is not None else None  # the load gate
     eid = new_uuid7()
-    renamed = {s.step_id: compute_step_id(eid, s.kind, s.target, s.args_hash, s.occurrence) for s in steps}
-    step_rows = [
-        {**{c.key: getattr(s, c.key) for c in t.steps.c}, "step_id": renamed[s.step_id], "execution_id": eid}
-        for s in steps
-    ]
-    copied = []
-    for r in rows:
-        if not r.type.startswith("step."):
-            continue
-        payload = json.loads(r.payload)
-        new_id = renamed.get(payload.get("step_id", ""))
-        if new_id is not None:
-            payload["step_id"] = new_id
-            copied.append((r.type, payload, r.occurred_at))
-    usage_in = sum(int(s.usage_input or 0) for s in steps)
-    usage_out = sum(int(s.usage_output or 0) for s in steps)
     with k.store.transaction(session=session) as tx:
         bundle_id = (tx.insert_fork_bundle(src.agent_id, bundle.kind, revision or "", bundle.content, now)
                      if bundle is not None else None)
@@ -81,28 +60,19 @@ def fork_execution(
         if queued_behind:
             e = dataclasses.replace(e, status=ExecutionStatus.PENDING)
         tx.insert_execution(e)
-        tx.insert_many(t.steps, step_rows)
         head = [
             ev.execution(EventType.EXECUTION_CREATED, eid, ExecutionStatus.PENDING, session=session),
-            *[(typ, payload) for typ, payload, _ in copied],
             ev.execution(EventType.EXECUTION_FORKED, eid, ExecutionStatus.PENDING, forked_from=src.id,
-                         fork_seq=at_seq, steps_copied=len(step_rows), policy_revision=revision),
+                         fork_seq=at_seq, policy_revision=revision),
         ]
-        times = [now, *[at for _, _, at in copied], now]
-        tx.insert_many(t.events, [
-            {"execution_id": eid, "event_seq": i + 1, "type": typ, "payload": codec.dumps(payload), "occurred_at": at}
-            for i, ((typ, payload), at) in enumerate(zip(head, times, strict=True))
-        ])
-        tx.set_last_event_seq(eid, len(head))
-        if usage_in or usage_out:
-            tx.add_usage(eid, usage_in, usage_out)
         if not queued_behind:
             _, queued = enqueue(k, tx, eid, now)
-            tx.append(eid, now, [
+            head += [
                 ev.execution(EventType.EXECUTION_STARTED, eid, ExecutionStatus.RUNNING,
                              previous_execution_id=e.previous_execution_id),
                 queued,
-            ])
+            ]
+        tx.append(eid, now, head)
     return e
 
 

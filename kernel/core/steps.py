@@ -152,6 +152,8 @@ def _submit_step(
             raise LeaseSuperseded()
         sid = compute_step_id(execution_id, req.kind, req.target, req.args_hash, occurrence)
         existing = tx.get_step(sid)
+        if existing is None and e.forked_from is not None:
+            existing = _lent(tx, e, sid, occurrence, req, now)
         if existing is not None:
             _renew(tx, dispatch_id, execution_id, attempt, now)
             answer = _answer_existing(tx, existing, req, now)
@@ -163,6 +165,37 @@ def _submit_step(
                 return answer
         tx.advance_counter(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
         return answer
+
+
+_OUTCOME_EVENT = {
+    StepStatus.SUCCEEDED: EventType.STEP_SUCCEEDED,
+    StepStatus.FAILED: EventType.STEP_FAILED,
+    StepStatus.DENIED: EventType.STEP_DENIED,
+}
+
+
+def _lent(tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest, now: datetime) -> Step | None:
+    """A fork's lineage (docs/api.md, "Forks"): a step the fork has not recorded, whose source
+    recorded its outcome at or before the fork point, is written into the fork as the source
+    recorded it (its `step.proposed` and outcome event, marked `replayed_from`) and replayed."""
+    assert e.forked_from is not None
+    source_sid = compute_step_id(e.forked_from, req.kind, req.target, req.args_hash, occurrence)
+    s = tx.lend_step(source_sid, e.fork_seq, sid, e.id)
+    if s is None:
+        return None
+    extra: dict[str, Any] = {"replayed_from": source_sid}
+    if s.status == StepStatus.SUCCEEDED and (s.usage_input or s.usage_output):
+        extra["usage"] = {"input_tokens": s.usage_input, "output_tokens": s.usage_output}
+        tx.add_usage(e.id, s.usage_input, s.usage_output)
+    if s.status != StepStatus.SUCCEEDED:
+        extra["error"] = s.error
+    if s.status == StepStatus.DENIED and isinstance(s.error, dict):
+        extra.update({k: s.error[k] for k in ("reason", "rule_id") if k in s.error})
+    tx.append(e.id, now, [
+        ev.step(EventType.STEP_PROPOSED, sid, s.kind, s.target, replayed_from=source_sid),
+        ev.step(_OUTCOME_EVENT[s.status], sid, s.kind, s.target, **extra),
+    ])
+    return s
 
 
 def _renew(tx: Tx, dispatch_id: str, execution_id: str, attempt: int, now: datetime) -> None:

@@ -161,12 +161,31 @@ def _shadow_bundles(conn: Connection) -> None:
         table.create(conn, checkfirst=True)
 
 
+def _step_outcome_seq(conn: Connection) -> None:
+    # 006: the seq of each step's outcome event, which a fork's lineage reads instead of copying
+    # its source's history (docs/api.md, "Forks"). One nullable column; existing terminal steps
+    # are backfilled from their outcome events in one UPDATE … FROM (one pass over the events).
+    have = {c["name"] for c in inspect(conn).get_columns("steps")}
+    if "outcome_seq" not in have:
+        conn.execute(text("ALTER TABLE steps ADD COLUMN outcome_seq BIGINT"))
+    step_id = "json_extract(payload, '$.step_id')" if conn.dialect.name == "sqlite" else "(payload::json ->> 'step_id')"
+    conn.execute(text(
+        "UPDATE steps SET outcome_seq = o.seq FROM ("
+        f"  SELECT execution_id, {step_id} AS step_id, MAX(event_seq) AS seq FROM events"
+        "  WHERE type IN ('step.succeeded', 'step.failed', 'step.denied')"
+        f"  GROUP BY execution_id, {step_id}"
+        ") AS o WHERE steps.execution_id = o.execution_id AND steps.step_id = o.step_id"
+        " AND steps.outcome_seq IS NULL"
+    ))
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
     Migration(3, "audit: decisions, approval context, bundle hashes, key metadata", _audit),
     Migration(4, "sessions, sub-agents, forks and resources", _sessions_and_forks),
     Migration(5, "shadow bundles and the policy audit trail", _shadow_bundles),
+    Migration(6, "step outcome seqs (fork lineage)", _step_outcome_seq),
 ]
 LATEST = MIGRATIONS[-1].version
 

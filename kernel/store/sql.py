@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
@@ -47,9 +48,12 @@ from kernel.store.statements import (
     INSERT_EVENT_ROWS,
     INSERT_EVENTS,
     INSERT_STEP,
+    LENT_STEP,
     MAX_EVENT_ROWS,
     OUTCOME_CONTEXT,
+    OUTCOME_EVENT_TYPES,
     POLICY_CONTENT,
+    SET_OUTCOME_SEQ,
     SUBMIT_CONTEXT,
     TERMINAL_EXECUTIONS,
     TERMINAL_STEPS,
@@ -385,6 +389,9 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ShadowQueries):
                 params = decision_params(record)
                 params["event_seq"] = first + index
                 INSERT_DECISION.run(self.w, params)
+            for i, (typ, payload) in enumerate(events):
+                if typ in OUTCOME_EVENT_TYPES and "step_id" in payload:
+                    SET_OUTCOME_SEQ.run(self.w, {"_id": payload["step_id"], "seq": first + i})
         return int(last)
 
     def list_events(self, execution_id: str, after_seq: int, limit: int) -> list[Event]:
@@ -443,8 +450,21 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ShadowQueries):
                 "usage_output": 0,
                 "started_at": s.started_at,
                 "completed_at": s.completed_at,
+                "outcome_seq": None,
             },
         )
+
+    def lend_step(self, source_step_id: str, cutoff: int, step_id: str, execution_id: str) -> Step | None:
+        """A fork's lineage: the source's step `source_step_id`, when its outcome (succeeded,
+        failed, denied) was recorded at or before event seq `cutoff`, written into the fork as
+        `step_id` (one primary-key lookup, one insert; docs/api.md, "Forks")."""
+        r = LENT_STEP.first(self.conn, {"id": source_step_id, "cutoff": cutoff})
+        if r is None:
+            return None
+        row = {c.key: getattr(r, c.key) for c in t.steps.c}
+        row.update(step_id=step_id, execution_id=execution_id, outcome_seq=None)
+        INSERT_STEP.run(self.w, row)
+        return codec.to_step(SimpleNamespace(**row))
 
     def update_step(self, step_id: str, **values: Any) -> bool:
         """Update a step unless it is terminal: a terminal outcome is never overwritten."""

@@ -166,13 +166,6 @@ class SessionQueries:
              .where(c.execution_id == execution_id, c.event_seq <= at_seq).order_by(c.event_seq))
         return list(self.conn.execute(q).all())
 
-    def step_rows(self, step_ids: Sequence[str]) -> list[Any]:
-        out: list[Any] = []
-        ids = list(step_ids)
-        for i in range(0, len(ids), 500):  # bounded IN lists
-            out.extend(self.conn.execute(select(t.steps).where(t.steps.c.step_id.in_(ids[i:i + 500]))).all())
-        return out
-
     def insert_many(self, table: Any, rows: list[dict[str, Any]]) -> None:
         """Bulk insert: one executemany per 1000 rows."""
         for i in range(0, len(rows), 1000):

@@ -182,5 +182,18 @@ APPEND = PreparedCache(
     .values(last_event_seq=t.executions.c.last_event_seq + param("_n"), **{k: param(k) for k in keys})
     .returning(t.executions.c.last_event_seq)
 )
+# An outcome event marks its step with its seq (Tx.append), which a fork's lineage reads.
+OUTCOME_EVENT_TYPES = frozenset({"step.succeeded", "step.failed", "step.denied"})
+SET_OUTCOME_SEQ = Prepared(
+    update(t.steps).where(t.steps.c.step_id == param("_id")).values(outcome_seq=param("seq"))
+)
+# A fork's source step, when its outcome was recorded at or before the fork point.
+LENT_STEP = Prepared(
+    select(t.steps).where(
+        t.steps.c.step_id == param("id"),
+        t.steps.c.outcome_seq <= param("cutoff"),
+        t.steps.c.status.in_([literal_column(f"'{v}'") for v in ("succeeded", "failed", "denied")]),
+    )
+)
 DECISION_COLUMNS = tuple(c.key for c in t.decisions.c)
 INSERT_DECISION = Prepared(insert(t.decisions).values({c: param(c) for c in DECISION_COLUMNS}))

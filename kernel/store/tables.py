@@ -223,6 +223,9 @@ class StepRow(SQLModel, table=True):
     usage_output: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
     started_at: datetime | None = _ts(nullable=True)
     completed_at: datetime | None = _ts(nullable=True)
+    # The seq of the event that recorded its terminal outcome (migration 006): a fork reads its
+    # source's steps whose outcome is at or before the fork point (docs/api.md, "Forks").
+    outcome_seq: int | None = Field(default=None, sa_column=Column(BigInteger))
 
 
 class ApprovalRow(SQLModel, table=True):

@@ -1,5 +1,6 @@
-"""Forks in the core, on SQLite and PostgreSQL: the bulk copy, the replay of copied steps, the
-fork-only bundle and the `__fork_effect` gate on live `at_most_once` steps."""
+"""Forks in the core, on SQLite and PostgreSQL: the lineage (nothing copied at creation, the
+source's steps up to the fork point replayed and recorded into the fork as its rerun reaches
+them), the fork-only bundle and the `__fork_effect` gate on live `at_most_once` steps."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def _run(k: Kernel, eid: str, targets: list[str], idempotency: str = "safe_to_re
     return out
 
 
-def test_a_fork_copies_the_outcomes_up_to_at_seq_and_replays_them(running: Running) -> None:
+def test_a_fork_replays_the_outcomes_up_to_at_seq_and_records_them_as_it_reaches_them(running: Running) -> None:
     k = running.kernel
     src = executions.create_execution(k, "shell", {"q": 1})[0].id
     assert _run(k, src, [f"t{i}" for i in range(5)]) == ["proceed"] * 5
@@ -34,15 +35,41 @@ def test_a_fork_copies_the_outcomes_up_to_at_seq_and_replays_them(running: Runni
     assert len(points) == 6
     fork = forks.fork_execution(k, src, points[3]["event_seq"])
     assert (fork.forked_from, fork.input) == (src, {"q": 1})
-    copied = steps.list_steps(k, fork.id, None, terminal_only=True)
-    assert [s.target for s in sorted(copied, key=lambda s: s.target)] == ["t0", "t1", "t2"]
-    assert _run(k, fork.id, [f"t{i}" for i in range(5)]) == ["replay"] * 3 + ["proceed"] * 2
+    assert steps.list_steps(k, fork.id, None, terminal_only=False) == []  # nothing copied at creation
     with k.store.read() as tx:
-        seqs = [e.event_seq for e in tx.list_events(fork.id, 0, 1000)]
-    assert seqs == list(range(1, len(seqs) + 1))  # gapless after the bulk copy
+        head = [e.type for e in tx.list_events(fork.id, 0, 1000)]
+    assert head == ["execution.created", "execution.forked", "execution.started", "dispatch.queued"]
+    assert _run(k, fork.id, [f"t{i}" for i in range(5)]) == ["replay"] * 3 + ["proceed"] * 2
+    recorded = {s.target: s for s in steps.list_steps(k, fork.id, None, terminal_only=True)}
+    assert sorted(recorded) == [f"t{i}" for i in range(5)]
+    assert [recorded[f"t{i}"].result for i in range(5)] == [f"r-t{i}" for i in range(5)]
+    with k.store.read() as tx:
+        log = tx.list_events(fork.id, 0, 1000)
+    assert [e.event_seq for e in log] == list(range(1, len(log) + 1))  # gapless
+    replayed = [e.payload for e in log if e.type == "step.succeeded" and "replayed_from" in e.payload]
+    assert [p["target"] for p in replayed] == ["t0", "t1", "t2"]
+    source_ids = {s.target: s.step_id for s in steps.list_steps(k, src, None, terminal_only=True)}
+    assert [p["replayed_from"] for p in replayed] == [source_ids[f"t{i}"] for i in range(3)]
+    # The fork's own log now has the replayed outcomes: a fork of the fork replays them as well.
+    again = forks.fork_execution(k, fork.id, log[-1].event_seq)
+    assert _run(k, again.id, [f"t{i}" for i in range(5)]) == ["replay"] * 5
 
 
-def test_a_fork_of_many_steps_copies_them_all_in_bulk(running: Running) -> None:
+def test_an_outcome_recorded_after_the_fork_point_is_not_replayed(running: Running) -> None:
+    k = running.kernel
+    src = executions.create_execution(k, "shell", None)[0].id
+    c = next(c for c in claim_due(k, 100) if c.execution_id == src)
+    a = steps.submit_step(k, "shell", src, c.dispatch_id, c.attempt, _req("slow"))
+    b = steps.submit_step(k, "shell", src, c.dispatch_id, c.attempt, _req("fast"))
+    steps.record_outcome(k, "shell", src, str(b.step_id), c.dispatch_id, c.attempt, result="fast")
+    with k.store.read() as tx:
+        at = tx.last_event_seq(src)  # "fast" has its outcome, "slow" is still executing
+    steps.record_outcome(k, "shell", src, str(a.step_id), c.dispatch_id, c.attempt, result="slow")
+    fork = forks.fork_execution(k, src, at)
+    assert _run(k, fork.id, ["slow", "fast"]) == ["proceed", "replay"]
+
+
+def test_a_fork_of_many_steps_costs_the_same_to_create_and_replays_them_all(running: Running) -> None:
     k = running.kernel
     src = executions.create_execution(k, "shell", None)[0].id
     c = next(c for c in claim_due(k, 100) if c.execution_id == src)
@@ -53,6 +80,9 @@ def test_a_fork_of_many_steps_copies_them_all_in_bulk(running: Running) -> None:
     with k.store.read() as tx:
         last = tx.last_event_seq(src)
     fork = forks.fork_execution(k, src, last)
+    with k.store.read() as tx:
+        assert tx.last_event_seq(fork.id) == 4  # created, forked, started, queued: no copy
+    assert _run(k, fork.id, [f"s{i}" for i in range(n)]) == ["replay"] * n
     assert len(steps.list_steps(k, fork.id, None, terminal_only=True)) == n
 
 

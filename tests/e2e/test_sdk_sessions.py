@@ -153,11 +153,16 @@ def test_a_fork_at_the_middle_replays_the_first_steps_and_runs_the_rest_under_it
     five = next(a for a in kernel.agents if a.port == kernel.ports["five"])
     ran = [line.split()[1] for line in five.effect_lines() if line.startswith(fork.id)]
     assert ran == ["step-2", "step-4"]
-    # The fork's log is complete on its own: the copied steps' events come first, then it started.
+    # The fork's log is complete on its own: created, forked, started, then its rerun, where the
+    # two replayed steps are recorded (marked with the source's step ids) as it reaches them.
     types = kernel.api.types(fork.id)
-    assert types[0] == "execution.created" and types.index("execution.forked") < types.index("execution.started")
-    copied = types[1:types.index("execution.forked")]
-    assert copied.count("step.succeeded") == 2
+    assert types[:3] == ["execution.created", "execution.forked", "execution.started"]
+    replayed = [(e["type"], e["payload"]) for e in kernel.api.events(fork.id) if "replayed_from" in e["payload"]]
+    assert [(typ, p["target"]) for typ, p in replayed] == [
+        ("step.proposed", "step-0"), ("step.succeeded", "step-0"), ("step.proposed", "step-1"),
+        ("step.succeeded", "step-1")]
+    source_ids = {s["target"]: s["step_id"] for s in kernel.api.steps(src.id)}
+    assert {p["replayed_from"] for _, p in replayed} == {source_ids["step-0"], source_ids["step-1"]}
     denied = [e["payload"] for e in kernel.api.events(fork.id) if e["type"] == "step.denied"]
     assert [(d["target"], d["rule_id"]) for d in denied] == [("step-3", "no-step-3")]
     # The agent's own bundle was not touched: it still has none.

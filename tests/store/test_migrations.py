@@ -245,3 +245,34 @@ def test_version_4_database_migrates_and_gets_the_shadow_tables(empty_store: Sql
     with store.read() as tx:
         assert [tuple(r) for r in tx.shadow_tallies(sid)] == [("agreed", "allow", "allow", 5)]
         assert [r.type for r in tx.policy_events("a", 10)] == ["policy.shadow_set"]
+
+
+def test_version_5_database_migrates_and_backfills_the_step_outcome_seqs(empty_store: SqlStore) -> None:
+    """006 adds `steps.outcome_seq` (a fork's lineage reads it) and fills it for the steps that
+    already had an outcome, from their outcome events; a step without one stays NULL."""
+    store = empty_store
+    migrate(store)
+    eid = new_uuid7()
+    with store.transaction() as tx:
+        tx.upsert_agent(Agent(id="a", webhook_url="http://127.0.0.1:9/h", secret="s", registered_at=T0))
+        tx.insert_execution(Execution(id=eid, agent_id="a", input=None, status=ExecutionStatus.RUNNING,
+                                      created_at=T0, updated_at=T0))
+    with store.engine.begin() as c:
+        c.execute(text("ALTER TABLE steps DROP COLUMN outcome_seq"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 5))
+        at = T0.replace(tzinfo=None) if store.dialect == "sqlite" else T0
+        for sid, status in (("s-done", "succeeded"), ("s-denied", "denied"), ("s-open", "executing")):
+            c.execute(text(
+                "INSERT INTO steps (step_id, execution_id, kind, target, args_hash, occurrence, status, idempotency,"
+                " usage_input, usage_output) VALUES (:sid, :eid, 'tool_call', :tg, 'h', 0, :st, 'safe_to_retry', 0, 0)"
+            ), {"sid": sid, "tg": sid, "eid": eid, "st": status})
+        log = [("step.proposed", "s-done"), ("step.succeeded", "s-done"), ("step.proposed", "s-open"),
+               ("step.proposed", "s-denied"), ("step.denied", "s-denied")]
+        for seq, (typ, sid) in enumerate(log, start=1):
+            c.execute(text(
+                "INSERT INTO events (execution_id, event_seq, type, payload, occurred_at) VALUES (:e, :q, :ty, :p, :t)"
+            ), {"e": eid, "q": seq, "ty": typ, "p": f'{{"step_id": "{sid}", "step_type": "tool_call"}}', "t": at})
+    assert [m.version for m in migrate(store)][:1] == [6]
+    with store.engine.connect() as c:
+        got = dict(c.execute(text("SELECT step_id, outcome_seq FROM steps WHERE execution_id = :e"), {"e": eid}).all())
+    assert got == {"s-done": 2, "s-denied": 5, "s-open": None}
