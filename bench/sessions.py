@@ -47,7 +47,8 @@ def _source(k: Kernel, n_steps: int) -> tuple[str, int]:
     e, _ = executions.create_execution(k, "bench", None)
     now = k.clock.now()
     h = args_hash("{}")
-    steps, events = [], []
+    steps: list[dict[str, object]] = []
+    events: list[tuple[str, str, object]] = []
     with k.store.read() as tx:
         base = tx.last_event_seq(e.id)
     for i in range(n_steps):
