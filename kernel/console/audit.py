@@ -34,13 +34,11 @@ from kernel.errors import ValidationError
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 SCOPE = "decisions:read"
 PAGE_SIZE = 50
-BUCKETS = 24
 EXPORT_MAX_ROWS = 1_000_000  # one export's bound; narrow the filters for more
 # The shortcuts the decision filter offers besides the outcomes: kernel rule ids an auditor looks for.
 RULE_SHORTCUTS = {"eval-error": "eval-error", "bundle-error": "bundle-error"}
 CSV_COLUMNS = ("decided_at", "agent_id", "execution_id", "step_id", "kind", "target", "decision", "rule_id",
                "reason", "policy_kind", "policy_revision", "policy_hash", "decided_by", "credential", "event_seq")
-COLOURS = {"allowed": "#32a852", "denied": "#d92d20", "awaiting_approval": "#f79009", "rate_limited": "#7a5af8"}
 
 
 def _time(value: str | None, name: str) -> datetime | None:
@@ -74,11 +72,34 @@ def query_of(request: Request, limit: int = PAGE_SIZE, cursor: bool = True) -> t
 
 
 @dataclass(frozen=True, slots=True)
+class Outcome:
+    """How the chart draws one outcome: a colour from the Okabe–Ito palette (told apart with
+    the common colour-vision deficiencies) and a fill pattern of its own, so no two outcomes
+    differ by colour alone; the legend shows the same swatches."""
+
+    name: str
+    colour: str
+    pattern: str  # solid | diagonal | dots | horizontal | vertical | cross | backslash
+
+
+OUTCOMES = (
+    Outcome("allowed", "#009e73", "solid"),
+    Outcome("denied", "#d55e00", "diagonal"),
+    Outcome("awaiting_approval", "#e69f00", "dots"),
+    Outcome("rate_limited", "#cc79a7", "horizontal"),
+    Outcome("approval_granted", "#56b4e9", "vertical"),
+    Outcome("approval_denied", "#0072b2", "cross"),
+    Outcome("approval_expired", "#7f7f7f", "backslash"),
+)
+_ORDER = {o.name: i for i, o in enumerate(OUTCOMES)}
+
+
+@dataclass(frozen=True, slots=True)
 class Bar:
     x: float
     y: float
     height: float
-    colour: str
+    outcome: str
     title: str
 
 
@@ -92,28 +113,38 @@ class Chart:
     max_count: int
     total: int
     span: str
+    per: str  # what one bar covers, for the legend
+    outcomes: tuple[Outcome, ...] = OUTCOMES
+
+
+def _per(width: timedelta) -> str:
+    minutes = int(width.total_seconds() // 60)
+    n, unit = (minutes, "minute") if minutes < 60 else (minutes // 60, "hour") if minutes < 1440 else (minutes // 1440, "day")
+    return unit if n == 1 else f"{n} {unit}s"
 
 
 def chart(counts: decisions.DecisionCounts) -> Chart:
-    """Stacked bars, one per time bucket, one colour per outcome (numbers only: nothing a visitor
-    typed reaches the SVG except through the escaped title text)."""
+    """Stacked bars, one per time bucket, one colour and pattern per outcome (numbers only:
+    nothing a visitor typed reaches the SVG except through the escaped title text)."""
     width, height, left, bottom = 960, 180, 40, 22
     n = len(counts.buckets)
     per = [sum(b.values()) for b in counts.buckets]
     top = max(per, default=0) or 1
     slot = (width - left) / max(n, 1)
     bars: list[Bar] = []
+    stamp = "%Y-%m-%d %H:%M" if counts.width < timedelta(days=1) else "%Y-%m-%d"
     for i, bucket in enumerate(counts.buckets):
         y = float(height - bottom)
-        start = counts.since + i * counts.width
-        for outcome in sorted(bucket, key=lambda o: list(COLOURS).index(o) if o in COLOURS else 99):
+        start, end = counts.edges[i], counts.edges[i + 1]
+        for outcome in sorted(bucket, key=lambda o: _ORDER.get(o, 99)):
             h = (height - bottom - 8) * bucket[outcome] / top
             y -= h
-            bars.append(Bar(left + i * slot + 1, y, h, COLOURS.get(outcome, "#98a2b3"),
-                            f"{start:%Y-%m-%d %H:%M} UTC: {bucket[outcome]} {outcome}"))
-    ticks = [(left + i * slot, f"{counts.since + i * counts.width:%m-%d %H:%M}") for i in range(0, n, max(n // 6, 1))]
-    span = f"{counts.since:%Y-%m-%d %H:%M} – {counts.since + n * counts.width:%Y-%m-%d %H:%M} UTC"
-    return Chart(width, height, max(slot - 2, 1), bars, ticks, top, sum(per), span)
+            bars.append(Bar(left + i * slot + 1, y, h, outcome if outcome in _ORDER else "approval_expired",
+                            f"{start:{stamp}} – {end:{stamp}} UTC: {bucket[outcome]} {outcome}"))
+    label = "%m-%d %H:%M" if counts.width < timedelta(days=1) else "%Y-%m-%d"
+    ticks = [(left + i * slot, f"{counts.edges[i]:{label}}") for i in range(0, n, max(n // 6, 1))]
+    span = f"{counts.edges[0]:%Y-%m-%d %H:%M} – {counts.edges[-1]:%Y-%m-%d %H:%M} UTC"
+    return Chart(width, height, max(slot - 2, 1), bars, ticks, top, sum(per), span, _per(counts.width))
 
 
 @router.get("/console/audit")
@@ -127,20 +158,26 @@ async def audit_page(request: Request) -> Response:
     export = urlencode({key: value for key, value in fields.items() if value})
     return page(request, v, "audit.html", section="audit", result=result, fields=fields,
                 agents=[a.id for a in known], outcomes=[o.value for o in DecisionOutcome],
-                shortcuts=list(RULE_SHORTCUTS), export=export, colours=COLOURS)
+                shortcuts=list(RULE_SHORTCUTS), export=export, outcome_styles=OUTCOMES)
 
 
 @router.get("/console/audit/chart.svg")
 async def chart_svg(request: Request) -> Response:
-    """The chart, drawn on the server. A separate request (the page's <img>), because counting a
-    large range takes one pass over it while the search itself reads one index page."""
+    """The chart, drawn on the server; a separate request (the page's <img>), so the search's
+    page does not wait for it. Closed hours come from the hourly rollup (core.decisions)."""
     v = await viewer(request)
     require(v, SCOPE)
     query, _ = query_of(request, cursor=False)
     k = kernel_of(request)
-    until = query.until or k.clock.now()
-    since = query.since or until - timedelta(hours=24)
-    counts = await call(decisions.count_decisions, k, query, since, until, BUCKETS)
+    since, until = query.since, query.until
+    if since is None and until is None:
+        since, until = decisions.default_range(k.clock.now())
+    elif since is None:
+        assert until is not None
+        since = until - timedelta(hours=24)
+    elif until is None:
+        until = k.clock.now()
+    counts = await call(decisions.count_decisions, k, query, since, until)
     svg = templates.get_template("_chart.svg").render(chart=chart(counts))
     return finish(request, Response(svg, media_type="image/svg+xml"))
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kernel.clock import rfc3339
@@ -113,30 +114,157 @@ def list_decisions(k: Kernel, q: DecisionQuery) -> DecisionPage:
     return DecisionPage(rows, encode_cursor(rows[-1]) if more and rows else None)
 
 
+# -- the chart: counts per outcome over time -------------------------------------------------------
+HOUR = timedelta(hours=1)
+# An hour is rolled up once it ended this long ago: a decision stamped just before the hour ended
+# may still be committing, or come from a replica whose clock runs a little behind.
+ROLLUP_GRACE = timedelta(minutes=5)
+ROLLUP_CHUNK_HOURS = 168  # hours counted per pass when filling the rollup (one week)
+MAX_BUCKETS = 36  # so a day is drawn in hours (24 bars), two in 2-hour bars
+# Bucket widths the chart picks from: the narrowest that draws the range in MAX_BUCKETS bars.
+_WIDTHS = tuple(timedelta(minutes=m) for m in (1, 5, 15, 30)) + tuple(
+    timedelta(hours=h) for h in (1, 2, 3, 6, 12, 24, 48, 168, 720))
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ROLLUP_FILTERS = frozenset(("agent_id", "decision", "rule_id", "policy_hash"))
+_ROLLUP_LOCK = "decision-rollup"  # serialises fillers across replicas (an advisory lock on PostgreSQL)
+
+
+def _floor(t: datetime, width: timedelta) -> datetime:
+    return _EPOCH + ((t - _EPOCH) // width) * width
+
+
+def _ceil(t: datetime, width: timedelta) -> datetime:
+    f = _floor(t, width)
+    return f if f == t else f + width
+
+
+def default_range(now: datetime) -> tuple[datetime, datetime]:
+    """The chart's range when none is asked for: the 24 whole hours ending with the current one."""
+    until = _floor(now, HOUR) + HOUR
+    return until - timedelta(hours=24), until
+
+
+def bucket_edges(since: datetime, until: datetime) -> tuple[list[datetime], timedelta]:
+    """The chart's bucket edges over [since, until) and their width: edges inside the range are
+    multiples of the width (from the Unix epoch, UTC), so the first and last buckets may be
+    partial; with a width of an hour or more every inner edge is a whole hour."""
+    span = until - since
+    width = next((w for w in _WIDTHS if span / w <= MAX_BUCKETS), None)
+    if width is None:
+        width = timedelta(days=-(-span.days // MAX_BUCKETS) or 1)
+    edges = [since]
+    e = _floor(since, width) + width
+    while e < until:
+        edges.append(e)
+        e += width
+    edges.append(until)
+    return edges, width
+
+
 @dataclass(frozen=True, slots=True)
 class DecisionCounts:
-    """Decisions per outcome in equal time buckets, oldest first: the audit chart."""
+    """Decisions per outcome in time buckets, oldest first: the audit chart. Bucket i is
+    [edges[i], edges[i+1]); inner edges are `width` apart."""
 
-    since: datetime
+    edges: list[datetime]
     width: timedelta
     buckets: list[dict[str, int]]  # outcome → count
+    rolled_up_hours: int = 0  # whole hours answered from decision_rollup rather than the records
+
+    @property
+    def since(self) -> datetime:
+        return self.edges[0]
 
 
-def count_decisions(k: Kernel, q: DecisionQuery, since: datetime, until: datetime, buckets: int) -> DecisionCounts:
+def _filters(q: DecisionQuery) -> dict[str, str]:
+    return {name: value for name in ("agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id")
+            if (value := getattr(q, name)) is not None}
+
+
+def _rollable(k: Kernel, first: datetime, last: datetime) -> tuple[datetime, datetime]:
+    """[first, last) narrowed to the whole hours that may be rolled up now: closed for
+    ROLLUP_GRACE, and not reaching back before the retention cutoff (those lose records)."""
+    now = k.clock.now()
+    first = _ceil(first, HOUR)
+    if k.decision_retention > 0:
+        first = max(first, _ceil(now - timedelta(seconds=k.decision_retention), HOUR))
+    return first, min(_floor(last, HOUR), _floor(now - ROLLUP_GRACE, HOUR))
+
+
+def roll_up_decisions(k: Kernel, first: datetime, last: datetime) -> int:
+    """Fill decision_rollup for the closed hours in [first, last) it does not hold yet; returns
+    how many hours were filled. Counting reads a snapshot (no writer is held up on SQLite while
+    it scans); storing re-checks under a lock, so two replicas never store one hour twice."""
+    first, last = _rollable(k, first, last)
+    if first >= last:
+        return 0
+    with k.store.read() as tx:
+        held = tx.rollup_hours(first, last)
+    hours = [first + i * HOUR for i in range((last - first) // HOUR)]
+    missing = [h for h in hours if h not in held]
+    runs: list[list[datetime]] = []
+    for h in missing:
+        if runs and h - runs[-1][-1] == HOUR and len(runs[-1]) < ROLLUP_CHUNK_HOURS:
+            runs[-1].append(h)
+        else:
+            runs.append([h])
+    filled = 0
+    for run in runs:
+        with k.store.read() as tx:
+            counts = tx.count_hours_for_rollup(run)
+        with k.store.transaction(lock=_ROLLUP_LOCK) as tx:
+            again = tx.rollup_hours(run[0], run[-1] + HOUR)
+            todo = [h for h in run if h not in again]
+            if todo:
+                keep = set(todo)
+                tx.insert_rollup(todo, [c for c in counts if c[0] in keep], k.clock.now())
+        filled += len(todo)
+    return filled
+
+
+def roll_up_recent(k: Kernel, hours: int = 48) -> int:
+    """The cleanup sweep's share: the last `hours` closed hours, so the default chart never waits."""
+    now = k.clock.now()
+    return roll_up_decisions(k, _floor(now, HOUR) - timedelta(hours=hours), now)
+
+
+def count_decisions(k: Kernel, q: DecisionQuery, since: datetime, until: datetime) -> DecisionCounts:
     """The records matching `q`'s filters (not its own time range or cursor) decided in
-    [since, until), counted by outcome in `buckets` (1-200) equal slices, in one grouped query."""
+    [since, until), counted by outcome in the buckets of `bucket_edges`.
+
+    With buckets of an hour or more and filters the rollup keeps counts by (agent, decision,
+    rule, bundle), the closed whole hours are summed from decision_rollup (filled first where it
+    has gaps) and only the rest, the open hour and any partial hour at either end, is counted
+    from the records' time index: the cost follows the number of hours drawn, not of decisions."""
     if until <= since:
         raise ValidationError("validation error: the time range is empty (from must be before to)")
-    n = max(1, min(buckets, 200))
-    width = (until - since) / n
-    filters = {name: value for name in ("agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id")
-               if (value := getattr(q, name)) is not None}
+    edges, width = bucket_edges(since, until)
+    filters = _filters(q)
+    out: list[dict[str, int]] = [{} for _ in range(len(edges) - 1)]
+
+    def add(i: int, decision: str, n: int) -> None:
+        out[i][decision] = out[i].get(decision, 0) + n
+
+    live = [(since, until)]
+    held = 0
+    if width >= HOUR and _ROLLUP_FILTERS.issuperset(filters):
+        first, last = _rollable(k, since, until)
+        if first < last:
+            roll_up_decisions(k, first, last)
+            with k.store.read() as tx:
+                for hour, decision, n in tx.sum_rollup(filters, first, last):
+                    add(bisect.bisect_right(edges, hour) - 1, decision, n)
+            live = [(since, first), (last, until)]
+            held = (last - first) // HOUR
     with k.store.read() as tx:
-        rows = tx.count_decisions(filters, [since + i * width for i in range(n)] + [until])
-    out: list[dict[str, int]] = [{} for _ in range(n)]
-    for bucket, decision, count in rows:
-        out[int(bucket)][str(decision)] = int(count)
-    return DecisionCounts(since, width, out)
+        for lo, hi in live:
+            if lo >= hi:
+                continue
+            offset = bisect.bisect_right(edges, lo) - 1
+            sub = [lo, *(e for e in edges if lo < e < hi), hi]
+            for bucket, decision, n in tx.count_decisions(filters, sub):
+                add(offset + bucket, decision, n)
+    return DecisionCounts(edges, width, out, held)
 
 
 def decision_json(r: DecisionRecord) -> dict[str, Any]:
@@ -167,6 +295,8 @@ def delete_expired_decisions(k: Kernel, batch: int = 1000) -> int:
     if k.decision_retention <= 0:
         return 0
     cutoff = k.clock.now() - timedelta(seconds=k.decision_retention)
+    with k.store.transaction(lock=_ROLLUP_LOCK) as tx:
+        tx.delete_rollup_before(cutoff)  # an hour that loses records is counted from them again
     total = 0
     for _ in range(_MAX_BATCHES):
         with k.store.transaction() as tx:

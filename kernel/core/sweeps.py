@@ -4,11 +4,11 @@ only on the replica holding the leader lock; the others skip it and return None.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from kernel.core.approvals import expire_approvals
-from kernel.core.decisions import delete_expired_decisions
+from kernel.core.decisions import delete_expired_decisions, roll_up_recent
 from kernel.core.executions import cancel_in_tx
 from kernel.core.kernel import Kernel
 from kernel.core.sessions import ended, repair
@@ -25,6 +25,8 @@ class CleanupResult:
     deadlines_cancelled: int = 0
     decisions_deleted: int = 0
     sessions_repaired: int = 0  # stalled sessions admitted, ready suspended parents resumed
+    # hours of decision counts rolled up for the audit chart (bookkeeping, not compared)
+    decision_hours_rolled_up: int = field(default=0, compare=False)
 
 
 def cancel_past_deadlines(k: Kernel, batch: int = 100) -> int:
@@ -97,4 +99,5 @@ def cleanup_sweep(k: Kernel, leader_key: str, *, include_deadlines: bool = False
             deadlines_cancelled=cancel_past_deadlines(k) if include_deadlines else 0,
             decisions_deleted=delete_expired_decisions(k),
             sessions_repaired=repair(k),
+            decision_hours_rolled_up=roll_up_recent(k),
         )

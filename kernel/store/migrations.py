@@ -179,6 +179,13 @@ def _step_outcome_seq(conn: Connection) -> None:
     ))
 
 
+def _decision_rollup(conn: Connection) -> None:
+    # 007: the audit chart's hourly counts (docs/audit.md, "The chart"). New tables only, filled
+    # from the decisions table as hours close; nothing to backfill here.
+    for table in (t.decision_rollup, t.decision_rollup_hours):
+        table.create(conn, checkfirst=True)
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
@@ -186,6 +193,7 @@ MIGRATIONS: list[Migration] = [
     Migration(4, "sessions, sub-agents, forks and resources", _sessions_and_forks),
     Migration(5, "shadow bundles and the policy audit trail", _shadow_bundles),
     Migration(6, "step outcome seqs (fork lineage)", _step_outcome_seq),
+    Migration(7, "hourly decision counts for the audit chart", _decision_rollup),
 ]
 LATEST = MIGRATIONS[-1].version
 

@@ -6,7 +6,7 @@ hash. Mixed into `Tx` (sql.py), which supplies `conn` and `w`.
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, case, delete, func, literal_column, select, tuple_
@@ -18,6 +18,8 @@ from kernel.store.statements import INSERT_DECISION
 
 # The filters `list_decisions` takes, each an equality on its indexed column.
 DECISION_FILTERS = ("agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id")
+# The ones decision_rollup keeps its counts by (target and execution are too many to count by).
+ROLLUP_FILTERS = ("agent_id", "decision", "rule_id", "policy_hash")
 
 
 def content_hash(content: str) -> str:
@@ -44,6 +46,30 @@ def to_decision(r: Any) -> DecisionRecord:
         policy_hash=r.policy_hash, decided_by=r.decided_by, credential=r.credential,
         event_seq=r.event_seq,
     )
+
+
+def _bucket(edges: list[datetime]) -> Any:
+    """The index i of [edges[i], edges[i+1]) holding decided_at: a nested CASE, log2 comparisons."""
+    c = t.decisions.c
+
+    def between(lo: int, hi: int) -> Any:
+        if hi - lo == 1:
+            return literal_column(str(lo))
+        mid = (lo + hi) // 2
+        edge = bindparam(f"edge_{mid}", edges[mid], type_=t.UTCDateTime())
+        return case((c.decided_at < edge, between(lo, mid)), else_=between(mid, hi))
+
+    return between(0, len(edges) - 1)
+
+
+def _filtered(q: Any, filters: dict[str, str], edges: list[datetime]) -> Any:
+    c = t.decisions.c
+    for name, value in filters.items():
+        if name not in DECISION_FILTERS:
+            raise ValueError(f"not a decision filter: {name}")
+        q = q.where(c[name] == value)
+    return q.where(c.decided_at >= bindparam("edge_first", edges[0], type_=t.UTCDateTime()),
+                   c.decided_at < bindparam("edge_last", edges[-1], type_=t.UTCDateTime()))
 
 
 class AuditQueries:
@@ -91,24 +117,58 @@ class AuditQueries:
         [edges[i], edges[i+1]). The bucket is a nested CASE (log2 comparisons a row), so one
         pass over the index range answers the whole chart on either dialect."""
         c = t.decisions.c
-
-        def bucket(lo: int, hi: int) -> Any:
-            if hi - lo == 1:
-                return literal_column(str(lo))
-            mid = (lo + hi) // 2
-            edge = bindparam(f"edge_{mid}", edges[mid], type_=t.UTCDateTime())
-            return case((c.decided_at < edge, bucket(lo, mid)), else_=bucket(mid, hi))
-
-        q = select(bucket(0, len(edges) - 1).label("bucket"), c.decision.label("decision"))
-        for name, value in filters.items():
-            if name not in DECISION_FILTERS:
-                raise ValueError(f"not a decision filter: {name}")
-            q = q.where(c[name] == value)
-        q = q.where(c.decided_at >= bindparam("edge_first", edges[0], type_=t.UTCDateTime()),
-                    c.decided_at < bindparam("edge_last", edges[-1], type_=t.UTCDateTime()))
+        q = _filtered(select(_bucket(edges).label("bucket"), c.decision.label("decision")), filters, edges)
         sub = q.subquery()
         grouped = select(sub.c.bucket, sub.c.decision, func.count()).group_by(sub.c.bucket, sub.c.decision)
         return [(int(b), str(d), int(n)) for b, d, n in self.conn.execute(grouped).all()]
+
+    # -- the chart's hourly counts (decision_rollup) ----------------------------------------
+    def rollup_hours(self, first: datetime, last: datetime) -> set[datetime]:
+        """The hours in [first, last) that decision_rollup holds."""
+        c = t.decision_rollup_hours.c
+        q = select(c.hour).where(c.hour >= first, c.hour < last)
+        return {r[0] for r in self.conn.execute(q).all()}
+
+    def count_hours_for_rollup(self, hours: list[datetime]) -> list[tuple[datetime, str, str, str, str, int]]:
+        """(hour, agent_id, decision, rule_id, policy_hash, count) of the records in the
+        contiguous run of whole hours `hours` (one pass over the time index)."""
+        edges = [*hours, hours[-1] + timedelta(hours=1)]
+        c = t.decisions.c
+        q = _filtered(select(_bucket(edges).label("bucket"), c.agent_id, c.decision, c.rule_id, c.policy_hash),
+                      {}, edges)
+        sub = q.subquery()
+        grouped = select(sub.c.bucket, sub.c.agent_id, sub.c.decision, sub.c.rule_id, sub.c.policy_hash,
+                         func.count()).group_by(sub.c.bucket, sub.c.agent_id, sub.c.decision, sub.c.rule_id,
+                                                sub.c.policy_hash)
+        return [(hours[int(b)], str(a), str(d), str(r), str(h), int(n))
+                for b, a, d, r, h, n in self.conn.execute(grouped).all()]
+
+    def insert_rollup(self, hours: list[datetime], counts: list[tuple[datetime, str, str, str, str, int]],
+                      now: datetime) -> None:
+        """Store the counts of `hours` (none of which the rollup holds yet) and mark them held."""
+        if counts:
+            self.w.execute(t.decision_rollup.insert(), [
+                {"hour": h, "agent_id": a, "decision": d, "rule_id": r, "policy_hash": ph, "count": n}
+                for h, a, d, r, ph, n in counts])
+        self.w.execute(t.decision_rollup_hours.insert(), [{"hour": h, "rolled_up_at": now} for h in hours])
+
+    def sum_rollup(self, filters: dict[str, str], first: datetime, last: datetime) -> list[tuple[datetime, str, int]]:
+        """(hour, decision, count) summed over the held hours in [first, last) for `filters` on
+        agent_id, decision, rule_id, policy_hash."""
+        c = t.decision_rollup.c
+        q = select(c.hour, c.decision, func.sum(c.count)).where(c.hour >= first, c.hour < last)
+        for name, value in filters.items():
+            if name not in ROLLUP_FILTERS:
+                raise ValueError(f"not a rollup filter: {name}")
+            q = q.where(c[name] == value)
+        q = q.group_by(c.hour, c.decision)
+        return [(h, str(d), int(n)) for h, d, n in self.conn.execute(q).all()]
+
+    def delete_rollup_before(self, cutoff: datetime) -> int:
+        """Forget the hours that start before `cutoff` (retention deleted some of their records)."""
+        n = int(self.w.execute(delete(t.decision_rollup_hours).where(t.decision_rollup_hours.c.hour < cutoff)).rowcount)
+        self.w.execute(delete(t.decision_rollup).where(t.decision_rollup.c.hour < cutoff))
+        return n
 
     def delete_decisions_before(self, cutoff: datetime, limit: int) -> int:
         """Retention of the decisions table: up to `limit` rows decided before `cutoff`, oldest first."""
@@ -127,4 +187,4 @@ class AuditQueries:
         ).first()
 
 
-__all__ = ["DECISION_FILTERS", "AuditQueries", "content_hash", "decision_params", "to_decision"]
+__all__ = ["DECISION_FILTERS", "ROLLUP_FILTERS", "AuditQueries", "content_hash", "decision_params", "to_decision"]

@@ -347,6 +347,30 @@ class DecisionRow(SQLModel, table=True):
     decided_at: datetime = _ts()
 
 
+class DecisionRollupRow(SQLModel, table=True):
+    """Decisions counted per closed hour and (agent, outcome, rule, bundle): what the audit chart
+    sums instead of scanning the decisions table (docs/audit.md, "The chart"). Derived data: an
+    hour is filled once, from the decisions table, after it has closed."""
+
+    __tablename__ = "decision_rollup"
+
+    hour: datetime = Field(sa_column=Column(UTCDateTime(), primary_key=True))
+    agent_id: str = Field(sa_column=Column(String(200), primary_key=True))
+    decision: str = Field(sa_column=Column(String(24), primary_key=True))
+    rule_id: str = Field(sa_column=Column(Text, primary_key=True))
+    policy_hash: str = Field(sa_column=Column(String(64), primary_key=True))
+    count: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+class DecisionRollupHourRow(SQLModel, table=True):
+    """The hours `decision_rollup` holds (an hour without decisions has no counts, only this row)."""
+
+    __tablename__ = "decision_rollup_hours"
+
+    hour: datetime = Field(sa_column=Column(UTCDateTime(), primary_key=True))
+    rolled_up_at: datetime = _ts()
+
+
 class PolicyShadowRow(SQLModel, table=True):
     """A candidate (shadow) bundle, evaluated beside the active one without deciding anything.
     Rows are kept when the shadow ends (promoted, cleared, replaced), so a report stays readable."""
@@ -443,6 +467,8 @@ dispatches = DispatchRow.__table__  # type: ignore[attr-defined]
 dispatch_step_counters = DispatchStepCounterRow.__table__  # type: ignore[attr-defined]
 api_keys = ApiKeyRow.__table__  # type: ignore[attr-defined]
 decisions = DecisionRow.__table__  # type: ignore[attr-defined]
+decision_rollup = DecisionRollupRow.__table__  # type: ignore[attr-defined]
+decision_rollup_hours = DecisionRollupHourRow.__table__  # type: ignore[attr-defined]
 policy_shadows = PolicyShadowRow.__table__  # type: ignore[attr-defined]
 shadow_tallies = ShadowTallyRow.__table__  # type: ignore[attr-defined]
 shadow_disagreements = ShadowDisagreementRow.__table__  # type: ignore[attr-defined]

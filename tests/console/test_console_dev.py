@@ -255,8 +255,12 @@ def test_a_denied_step_is_found_by_the_audit_search_and_is_in_both_exports(ck: C
     assert page.evaluate("document.getElementById('chart-image').naturalWidth") > 0  # the SVG drew
     status, ctype, svg = page.evaluate(fetch, page.locator("#chart-image").get_attribute("src"))
     assert status == 200 and ctype.startswith("image/svg+xml")
-    assert 'fill="#d92d20"' in svg and " denied</title>" in svg  # the denied bar, drawn on the server
-    shot(page, "audit")
+    assert 'fill="url(#p-denied)"' in svg and " denied</title>" in svg  # the denied bar, drawn on the server
+    # Each outcome has its own colour and its own fill pattern, in the chart and in its legend.
+    fills = re.findall(r'<pattern id="p-\w+"(.*?)<rect width="6" height="6" fill="(#[0-9a-f]{6})"/>(.*?)</pattern>', svg, re.S)
+    assert len(fills) == 7 and len({c for _, c, _ in fills}) == 7 and len({a + m for a, _, m in fills}) == 7
+    assert page.locator("ul.legend li svg").count() == 7
+    shot(page, "audit-search")
     status, ctype, body = page.evaluate(fetch, page.locator("#export-jsonl").get_attribute("href"))
     assert status == 200 and ctype.startswith("application/x-ndjson")
     exported = [json.loads(line) for line in body.splitlines()]
@@ -266,6 +270,9 @@ def test_a_denied_step_is_found_by_the_audit_search_and_is_in_both_exports(ck: C
     assert status == 200 and ctype.startswith("text/csv")
     table = list(csv.DictReader(io.StringIO(body)))
     assert any(r["execution_id"] == eid and r["decision"] == "denied" for r in table)
+    page.goto(f"{ck.url}/console/audit")  # every outcome the module's executions met, for the docs
+    page.wait_for_function("document.getElementById('chart-image').complete")
+    shot(page, "audit")
 
 
 def test_a_rego_bundle_shows_every_module_data_json_and_the_manifest_with_line_numbers(ck: ConsoleKernel, page: Any) -> None:

@@ -3,7 +3,7 @@ rows, and the audit chart's counts per time bucket."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from kernel.clock import ManualClock
 from kernel.core import decisions, steps, timeline
@@ -11,6 +11,8 @@ from kernel.core.decisions import DecisionQuery
 from kernel.core.executions import cancel_execution
 from kernel.core.kernel import Kernel
 from kernel.domain import Decision, Verdict
+from kernel.store import tables as t
+from kernel.store.base import SqlStore
 from tests.conftest import Running
 from tests.core.test_steps import FixedPolicy, req
 
@@ -50,7 +52,7 @@ def test_timeline_folds_each_steps_events_into_one_row_with_its_decision(kernel:
 
 
 def test_decision_counts_fall_in_their_time_buckets_by_outcome(kernel: Kernel, running: Running, clock: ManualClock) -> None:
-    since = clock.now()
+    since = clock.now()  # 12:00, a whole hour
     eid, did, att = running.start()
     kernel.policy = FixedPolicy(Decision(Verdict.ALLOW, "ok"))
     steps.submit_step(kernel, "shell", eid, did, att, req(target="a"))
@@ -58,8 +60,89 @@ def test_decision_counts_fall_in_their_time_buckets_by_outcome(kernel: Kernel, r
     steps.submit_step(kernel, "shell", eid, did, att, req(target="b"))
     kernel.policy = FixedPolicy(Decision(Verdict.DENY, "no"))
     steps.submit_step(kernel, "shell", eid, did, att, req(target="c"))
-    counts = decisions.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=3), 3)
-    assert counts.buckets == [{"allowed": 1}, {"allowed": 1, "denied": 1}, {}]
-    only = decisions.count_decisions(kernel, DecisionQuery(decision="denied"), since, since + timedelta(hours=3), 3)
-    assert only.buckets == [{}, {"denied": 1}, {}]
-    assert decisions.count_decisions(kernel, DecisionQuery(target="a"), since, since + timedelta(hours=2), 24).buckets[0] == {"allowed": 1}
+    clock.advance(3 * 3600)
+    window = since + timedelta(hours=6)  # 15-minute buckets: counted from the records
+    counts = decisions.count_decisions(kernel, DecisionQuery(), since, window)
+    assert counts.width == timedelta(minutes=15) and counts.rolled_up_hours == 0
+    assert counts.buckets[0] == {"allowed": 1} and counts.buckets[4] == {"allowed": 1, "denied": 1}
+    assert sum(sum(b.values()) for b in counts.buckets) == 3
+    only = decisions.count_decisions(kernel, DecisionQuery(decision="denied"), since, window)
+    assert only.buckets[4] == {"denied": 1} and sum(sum(b.values()) for b in only.buckets) == 1
+    day = decisions.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24))
+    assert day.width == timedelta(hours=1) and day.buckets[:3] == [{"allowed": 1}, {"allowed": 1, "denied": 1}, {}]
+    assert decisions.count_decisions(kernel, DecisionQuery(target="a"), since, since + timedelta(hours=24)).buckets[0] == {"allowed": 1}
+
+
+def test_bucket_edges_are_whole_widths_inside_the_range_with_partial_ends() -> None:
+    t0 = datetime(2026, 12, 1, 12, 20, tzinfo=UTC)
+    edges, width = decisions.bucket_edges(t0, t0 + timedelta(hours=24))
+    assert width == timedelta(hours=1) and len(edges) == 26  # 12:20-13:00, 23 whole hours, 12:00-12:20
+    assert edges[1] == datetime(2026, 12, 1, 13, tzinfo=UTC) and edges[-1] == t0 + timedelta(hours=24)
+    assert decisions.bucket_edges(t0, t0 + timedelta(hours=3))[1] == timedelta(minutes=5)
+    assert decisions.bucket_edges(t0, t0 + timedelta(days=30))[1] == timedelta(days=1)
+    assert decisions.bucket_edges(t0, t0 + timedelta(days=365))[1] == timedelta(days=30)
+    since, until = decisions.default_range(t0)
+    assert (since, until) == (datetime(2026, 11, 30, 13, tzinfo=UTC), datetime(2026, 12, 1, 13, tzinfo=UTC))
+
+
+def _decide(kernel: Kernel, running: Running, n: int, verdict: Verdict = Verdict.ALLOW, target: str = "t") -> None:
+    eid, did, att = running.start()
+    kernel.policy = FixedPolicy(Decision(verdict, f"rule-{verdict.value}"))
+    for i in range(n):
+        steps.submit_step(kernel, "shell", eid, did, att, req(target=target, args={"i": i}))
+
+
+def test_closed_hours_are_summed_from_the_rollup_not_scanned_again(
+    kernel: Kernel, running: Running, clock: ManualClock, store: SqlStore
+) -> None:
+    since = clock.now()
+    _decide(kernel, running, 3)
+    clock.advance(3600)
+    _decide(kernel, running, 2, Verdict.DENY, target="x")
+    clock.advance(3600 + 60)  # 14:01: 12:00 and 13:00 are closed, but 13:00 ended less than 5 minutes ago
+    until = since + timedelta(hours=24)
+    first = decisions.count_decisions(kernel, DecisionQuery(), since, until)
+    assert first.rolled_up_hours == 1 and first.buckets[:2] == [{"allowed": 3}, {"denied": 2}]
+    clock.advance(600)
+    second = decisions.count_decisions(kernel, DecisionQuery(), since, until)
+    assert second.rolled_up_hours == 2 and second.buckets == first.buckets
+    # The records of the rolled-up hours are gone (as if deleted behind the kernel's back): the
+    # chart still counts them, so it read the rollup, not the records.
+    with store.engine.begin() as c:
+        c.execute(t.decisions.delete())
+    assert decisions.count_decisions(kernel, DecisionQuery(), since, until).buckets[:2] == [{"allowed": 3}, {"denied": 2}]
+    assert decisions.count_decisions(kernel, DecisionQuery(decision="denied"), since, until).buckets[:2] == [{}, {"denied": 2}]
+    assert decisions.count_decisions(kernel, DecisionQuery(rule_id="rule-allow"), since, until).buckets[0] == {"allowed": 3}
+    # A filter the rollup does not keep (target) is counted from the records.
+    by_target = decisions.count_decisions(kernel, DecisionQuery(target="x"), since, until)
+    assert by_target.rolled_up_hours == 0 and by_target.buckets[1] == {}
+
+
+def test_the_open_hour_and_partial_ends_are_counted_from_the_records(
+    kernel: Kernel, running: Running, clock: ManualClock
+) -> None:
+    since = clock.now()
+    _decide(kernel, running, 2)
+    clock.advance(2 * 3600 + 10 * 60)  # 14:10
+    assert decisions.roll_up_recent(kernel) >= 2  # what the cleanup sweep does
+    _decide(kernel, running, 1, Verdict.DENY)  # in the open hour
+    counts = decisions.count_decisions(kernel, DecisionQuery(), since + timedelta(minutes=30),
+                                       since + timedelta(hours=25))
+    assert counts.buckets[0] == {} and counts.rolled_up_hours == 1  # 12:30-13:00 counted live: nothing after 12:00
+    whole = decisions.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24))
+    assert whole.buckets[0] == {"allowed": 2} and whole.buckets[2] == {"denied": 1}
+
+
+def test_retention_forgets_the_rolled_up_hours_it_deletes_records_of(
+    kernel: Kernel, running: Running, clock: ManualClock
+) -> None:
+    since = clock.now()
+    _decide(kernel, running, 2)
+    clock.advance(2 * 3600)
+    _decide(kernel, running, 1)
+    clock.advance(2 * 3600)
+    assert decisions.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24)).rolled_up_hours == 3
+    kernel.decision_retention = 3 * 3600.0  # cutoff 13:00: the 12:00 decisions go
+    assert decisions.delete_expired_decisions(kernel) == 2
+    after = decisions.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24))
+    assert after.buckets[0] == {} and after.buckets[2] == {"allowed": 1}
