@@ -27,13 +27,14 @@ from reliability.procs import (
 from reliability.report import Outcome
 
 
-def create_paced(url: str, agent_id: str, n: int, pace: float, deadline: float, key: str,
+def create_paced(url: str, agent_id: str, n: int, pace: float, deadline: list[float], key: str,
                  acked: dict[int, str], stats: dict[str, int], stop: threading.Event, offset: int = 0) -> None:
     """Create executions `offset`, `offset + step`, … one every `pace` s, each retried (same
-    idempotency key) until a 2xx or the deadline; remember only what was acknowledged."""
+    idempotency key) until a 2xx or the deadline (`deadline[0]`, which the killer moves on by the
+    time the kernel spent down); remember only what was acknowledged."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as http:
         for i in range(offset, n, 2):
-            while time.monotonic() < deadline and not stop.is_set():
+            while time.monotonic() < deadline[0] and not stop.is_set():
                 try:
                     r = http.post("/v0/executions", json={"agent_id": agent_id, "input": {"i": i},
                                                           "idempotency_key": f"{key}-{i}"})
@@ -80,7 +81,9 @@ def run(tmp: Path, *, db_url: str, label: str, executions: int, kills: int, seed
     started = time.monotonic()
     gaps = [rnd.uniform(0.3, 1.5) for _ in range(kills)]
     window = sum(gaps) + 1.0
-    deadline = started + window + 120
+    # The creators' time runs while the kernel is up: each restart moves their deadline on by its
+    # own length (a slow start-up on a loaded machine must not read as lost executions).
+    deadline = [started + window + 120]
     creators = [threading.Thread(target=create_paced, daemon=True,
                                  args=(kernel.url, "crash", executions, 2 * window / executions, deadline, "r1",
                                        acked, stats, stop, off)) for off in (0, 1)]
@@ -94,8 +97,9 @@ def run(tmp: Path, *, db_url: str, label: str, executions: int, kills: int, seed
             t0 = time.monotonic()
             kernel.start()
             restart_s.append(time.monotonic() - t0)
+            deadline[0] += restart_s[-1]
         for t in creators:
-            t.join(timeout=max(1.0, deadline - time.monotonic()))
+            t.join(timeout=max(1.0, deadline[0] - time.monotonic()))
         stop.set()
         ids = [acked[i] for i in sorted(acked)]
         stuck = wait_terminal(kernel.url, ids, timeout=180)

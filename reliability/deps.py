@@ -56,7 +56,7 @@ def postgres_restart(tmp: Path, writes: int, restarts: int) -> Outcome:
         stats: dict[str, int] = {}
         stop = threading.Event()
         window = 8.0
-        deadline = time.monotonic() + window + 90
+        deadline = [time.monotonic() + window + 90]
         creators = [threading.Thread(target=create_paced, daemon=True,
                                      args=(k.url, "pgload", writes, 2 * window / writes, deadline, "r6", acked,
                                            stats, stop, off)) for off in (0, 1)]
@@ -66,7 +66,7 @@ def postgres_restart(tmp: Path, writes: int, restarts: int) -> Outcome:
             time.sleep(window / (restarts + 1))
             pg.restart()
         for t in creators:
-            t.join(timeout=max(1.0, deadline - time.monotonic()))
+            t.join(timeout=max(1.0, deadline[0] - time.monotonic()))
         ready = False
         with contextlib.suppress(Exception):
             ready = httpx.get(k.url + "/v0/ready", timeout=5).status_code == 200
