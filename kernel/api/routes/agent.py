@@ -11,7 +11,16 @@ from starlette.responses import Response
 
 from kernel.api import schema
 from kernel.api.body import Name, Strict, _Number, dumps_lexical, parse_model, scrub_text
-from kernel.api.deps import agent_param, auth_of, call, kernel_of, lease, step_param, uuid_param
+from kernel.api.deps import (
+    LeanRoute,
+    agent_param,
+    auth_of,
+    call,
+    kernel_of,
+    lease,
+    step_param,
+    uuid_param,
+)
 from kernel.api.render import JSONResponse, execution_json, step_json
 from kernel.core import executions, sessions, steps
 from kernel.domain import StepKind
@@ -19,6 +28,15 @@ from kernel.errors import Forbidden, NotFound, ValidationError
 from kernel.identity import args_hash, canonical_json
 
 router = APIRouter()
+
+
+def _hot(path: str, **kwargs: Any):  # type: ignore[no-untyped-def]
+    """`router.post` for the agent's hot routes, served lean (kernel/api/deps.py `LeanRoute`)."""
+    def register(endpoint):  # type: ignore[no-untyped-def]
+        router.add_api_route(path, endpoint, methods=["POST"], route_class_override=LeanRoute, **kwargs)
+        return endpoint
+
+    return register
 _KINDS = frozenset(k.value for k in StepKind)
 
 
@@ -76,7 +94,7 @@ class MetadataBody(Strict):
     output_schema: Any = None
 
 
-@router.post("/v0/executions/{execution_id}/steps",
+@_hot("/v0/executions/{execution_id}/steps",
              openapi_extra=schema.operation(SubmitBody, answer=schema.DECISION, overrides=_SUBMIT_ENUMS))
 async def submit_step(execution_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request)
@@ -123,19 +141,19 @@ async def _outcome(request: Request, execution_id: str, step_id: str, failed: bo
     return JSONResponse(answer.to_json())
 
 
-@router.post("/v0/executions/{execution_id}/steps/{step_id}/complete",
+@_hot("/v0/executions/{execution_id}/steps/{step_id}/complete",
              openapi_extra=schema.operation(CompleteStepBody, answer=schema.DECISION))
 async def complete_step(execution_id: str, step_id: str, request: Request) -> Response:
     return await _outcome(request, execution_id, step_id, failed=False)
 
 
-@router.post("/v0/executions/{execution_id}/steps/{step_id}/fail",
+@_hot("/v0/executions/{execution_id}/steps/{step_id}/fail",
              openapi_extra=schema.operation(FailStepBody, answer=schema.DECISION))
 async def fail_step(execution_id: str, step_id: str, request: Request) -> Response:
     return await _outcome(request, execution_id, step_id, failed=True)
 
 
-@router.post("/v0/executions/{execution_id}/heartbeat", openapi_extra=schema.operation(ok=204))
+@_hot("/v0/executions/{execution_id}/heartbeat", openapi_extra=schema.operation(ok=204))
 async def heartbeat(execution_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request)
     eid = uuid_param(execution_id, "execution id")
