@@ -114,13 +114,13 @@ async def policies_page(request: Request) -> Response:
     return await _page(request, request.query_params.get("agent_id") or None)
 
 
-def _upload(k: Any, agent_id: str, kind: str, text: str, raw: bytes | None, filename: str,
-            actor: Actor | None = None) -> PolicyRevision | None:
+def parse_bundle(kind: str, text: str, raw: bytes | None, filename: str) -> tuple[str, str]:
+    """(kind, stored content) of a bundle given in a form: a chosen file (a Rego `.tar.gz`, or a
+    YAML file) or pasted YAML. Structure only; compiling is the load gate's."""
     if raw is not None and (filename.endswith((".tar.gz", ".tgz", ".tar")) or raw[:2] == b"\x1f\x8b"):
         from kernel.policy.rego import parse_rego_tarball
 
-        return policies.store_policy(k, agent_id, "rego", policies.rego_content(parse_rego_tarball(raw, origin=filename)),
-                                     actor)
+        return "rego", policies.rego_content(parse_rego_tarball(raw, origin=filename))
     if raw is not None:
         try:
             text = raw.decode("utf-8")
@@ -130,7 +130,13 @@ def _upload(k: Any, agent_id: str, kind: str, text: str, raw: bytes | None, file
         raise ValidationError("validation error: a Rego bundle is uploaded as a .tar.gz file")
     if not text.strip():
         raise ValidationError("validation error: the bundle is empty (paste YAML or choose a file)")
-    return policies.store_policy(k, agent_id, "yaml", text, actor)
+    return "yaml", text
+
+
+def _upload(k: Any, agent_id: str, kind: str, text: str, raw: bytes | None, filename: str,
+            actor: Actor | None = None) -> PolicyRevision | None:
+    kind, content = parse_bundle(kind, text, raw, filename)
+    return policies.store_policy(k, agent_id, kind, content, actor)
 
 
 @router.post("/console/policies/{agent_id}")

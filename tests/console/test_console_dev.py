@@ -228,6 +228,79 @@ def test_playground_reports_a_candidate_that_does_not_compile(ck: ConsoleKernel,
     assert re.search(r"candidate\.yaml:\d+: ", errors.inner_text())
 
 
+REGO_CANDIDATE = """package shell
+
+import rego.v1
+
+decision := {"decision": "deny", "rule_id": "no-listing-rego", "reason": "no listing today"} if {
+	input.target == "shell_exec"
+	startswith(input.args.command, data.shell.prefix)
+} else := {"decision": "allow", "rule_id": "allow-rest"}
+"""
+
+
+def test_playground_decides_with_a_rego_candidate_module_and_its_data(ck: ConsoleKernel, page: Any) -> None:
+    page.goto(f"{ck.url}/console/playground")
+    page.select_option("select[name=agent_id]", "ops")
+    page.fill("input[name=target]", "shell_exec")
+    page.fill("textarea[name=args]", '{"command": "ls -la"}')
+    page.check("input[name=candidate_kind][value=rego]")
+    page.fill("textarea[name=candidate]", REGO_CANDIDATE)
+    page.click("details.rego-extras summary")
+    page.fill("textarea[name=candidate_data]", '{"shell": {"prefix": "ls"}}')
+    page.click("button:text-is('Evaluate')")
+    active, candidate = page.locator("#eval-active"), page.locator("#eval-candidate")
+    candidate.wait_for()
+    assert active.locator(".verdict").inner_text() == "allow"  # the active YAML bundle
+    assert candidate.locator(".verdict").inner_text() == "deny"
+    assert candidate.locator(".rule-id").inner_text() == "no-listing-rego"
+    assert "rego" in candidate.locator("h2").inner_text()
+    assert candidate.locator(".explain li").count() > 0  # the Rego explanation
+    shot(page, "playground-rego")
+    assert page.locator("input[name=candidate_kind][value=rego]").is_checked()  # the form keeps what was typed
+
+
+def test_a_rego_candidate_with_a_syntax_error_is_refused_with_its_file_and_line(ck: ConsoleKernel, page: Any) -> None:
+    page.goto(f"{ck.url}/console/playground")
+    page.fill("input[name=target]", "shell_exec")
+    page.check("input[name=candidate_kind][value=rego]")
+    page.fill("textarea[name=candidate]", "package shell\n\nimport rego.v1\n\ndecision := {\n")
+    page.click("button:text-is('Evaluate')")
+    errors = page.locator("#playground-errors")
+    errors.wait_for()
+    assert re.search(r"policy\.rego:\d+", errors.inner_text()), errors.inner_text()
+    assert page.locator("#eval-candidate").count() == 0
+
+
+def test_a_rego_bundle_tarball_chosen_as_the_candidate_decides(ck: ConsoleKernel, page: Any, tmp_path: Any) -> None:
+    import tarfile
+
+    bundle = tmp_path / "shell-rego.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        for f in sorted((REPO / "bundles" / "shell-rego").iterdir()):
+            tar.add(f, arcname=f.name)
+    page.goto(f"{ck.url}/console/playground")
+    page.select_option("select[name=agent_id]", "ops")
+    page.fill("input[name=target]", "shell_exec")
+    page.fill("textarea[name=args]", '{"command": "rm -rf /tmp/x"}')
+    page.click("details.rego-extras summary")
+    page.set_input_files("input[name=candidate_file]", str(bundle))
+    page.click("button:text-is('Evaluate')")
+    candidate = page.locator("#eval-candidate")
+    candidate.wait_for()
+    assert candidate.locator(".verdict").inner_text() == "require_approval"
+    assert candidate.locator(".rule-id").inner_text() == "approve-other-commands"
+    assert "shell-rego-2026-12-03.1" in candidate.locator("h2 [title]").get_attribute("title")
+
+
+def test_playground_starts_a_candidate_from_the_active_bundle(ck: ConsoleKernel, page: Any) -> None:
+    page.goto(f"{ck.url}/console/playground?agent_id=ops")
+    page.click("#start-from-active")
+    page.wait_for_url(re.compile(r"start=active"))
+    assert "allow-read-only" in page.locator("textarea[name=candidate]").input_value()
+    assert page.locator("input[name=candidate_kind][value=yaml]").is_checked()
+
+
 def test_a_long_value_is_collapsed_and_opens_to_the_whole_of_it(ck: ConsoleKernel, page: Any) -> None:
     text = "word " * 80
     eid = ck.run("ops", [{"tool": "note", "args": {"text": text}}], "completed")
