@@ -66,7 +66,8 @@ def background_hooks(settings: Settings, kernel: Kernel) -> list[Any]:
 
     async def sweeper(app: FastAPI) -> Any:
         s = Sweeper(kernel, leader_key=settings.leader_lock_key, cleanup_interval=settings.cleanup_interval,
-                    deadline_check_interval=settings.deadline_check_interval)
+                    deadline_check_interval=settings.deadline_check_interval,
+                    decision_flush_interval=settings.decision_flush_interval)
         await s.start()
         return s.stop
 

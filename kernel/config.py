@@ -52,6 +52,7 @@ _DURATIONS = (
     "deadline_check_interval",
     "retention",
     "decision_retention",
+    "decision_flush_interval",
     "rego_timeout",
     "agent_cache_ttl",
     "console_session_ttl",
@@ -118,6 +119,8 @@ class Settings(BaseSettings):
     retention: float = 86400.0
     # The decisions table's own retention (docs/audit.md), independent of executions'; 0 = for ever
     decision_retention: float = 90 * 86400.0
+    # How often the decision journal is moved into the indexed decisions table (docs/audit.md)
+    decision_flush_interval: float = Field(default=1.0, gt=0)
     # Write the durable decisions table on every decision (off only to measure what it costs)
     record_decisions: bool = True
     # May the bootstrap token grant/deny approvals (the decider then is only asserted)?

@@ -19,14 +19,17 @@ log = logging.getLogger("kernel.sweeper")
 class Sweeper:
     """The cleanup sweep (approval expiry, retention) every `cleanup_interval`, and the deadline
     sweep every `deadline_check_interval` (0 folds deadlines into the cleanup sweep). An interval
-    of 0 for cleanup turns that loop off. Every replica runs the loops; only the leader works."""
+    of 0 for cleanup turns that loop off. The decision journal is moved into the decisions table
+    every `decision_flush_interval` (and once more on stop). Every replica runs the loops; only the
+    leader works."""
 
     def __init__(self, kernel: Kernel, *, leader_key: str, cleanup_interval: float,
-                 deadline_check_interval: float):
+                 deadline_check_interval: float, decision_flush_interval: float = 1.0):
         self.kernel = kernel
         self.leader_key = leader_key
         self.cleanup_interval = cleanup_interval
         self.deadline_check_interval = deadline_check_interval
+        self.decision_flush_interval = decision_flush_interval
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -38,6 +41,9 @@ class Sweeper:
         if not fold:
             self._tasks.append(asyncio.create_task(
                 self._every(self.deadline_check_interval, self._deadlines, run_first=True), name="regent-deadlines"))
+        if self.decision_flush_interval > 0:
+            self._tasks.append(asyncio.create_task(
+                self._every(self.decision_flush_interval, self._flush_decisions), name="regent-decision-journal"))
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -45,6 +51,14 @@ class Sweeper:
             _, late = await asyncio.wait(self._tasks, timeout=10.0)
             for t in late:
                 t.cancel()
+        if self.decision_flush_interval > 0:
+            try:  # what the last interval wrote, so a clean stop leaves the journal empty
+                await anyio.to_thread.run_sync(self._flush_decisions)
+            except Exception:
+                log.exception("the decision journal's last flush failed; the next start moves it")
+
+    def _flush_decisions(self) -> None:
+        sweeps.decision_journal_sweep(self.kernel, self.leader_key)
 
     def _cleanup(self, include_deadlines: bool) -> None:
         r = sweeps.cleanup_sweep(self.kernel, self.leader_key, include_deadlines=include_deadlines)

@@ -35,6 +35,7 @@ def policy_record(
         id=new_uuid7(), agent_id=e.agent_id, execution_id=e.id, step_id=step_id, kind=kind, target=target,
         decision=outcome, rule_id=d.rule_id, decided_at=now, reason=reason if reason is not None else (d.reason or None),
         policy_kind=d.policy_kind.value, policy_revision=d.policy_revision, policy_hash=d.policy_hash,
+        judge=d.judge_record,
     )
 
 
@@ -285,7 +286,23 @@ def decision_json(r: DecisionRecord) -> dict[str, Any]:
             out[key] = value
     if r.event_seq is not None:
         out["event_seq"] = r.event_seq
+    if r.judge is not None:
+        out["judge"] = r.judge
     return out
+
+
+# -- the journal's cleanup -------------------------------------------------------------------------
+def flush_decision_journal(k: Kernel, batch: int = 1000) -> int:
+    """Move the journal's records into the indexed decisions table, in bounded batches (oldest
+    first). Reads see every record either way; this keeps the journal small. Returns how many."""
+    total = 0
+    for _ in range(_MAX_BATCHES):
+        with k.store.transaction() as tx:
+            n = tx.flush_decision_journal(batch)
+        total += n
+        if n < batch:
+            break
+    return total
 
 
 # -- retention -------------------------------------------------------------------------------------

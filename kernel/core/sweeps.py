@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from kernel.core.approvals import expire_approvals
-from kernel.core.decisions import delete_expired_decisions, roll_up_recent
+from kernel.core.decisions import delete_expired_decisions, flush_decision_journal, roll_up_recent
 from kernel.core.executions import cancel_in_tx
 from kernel.core.kernel import Kernel
 from kernel.core.sessions import ended, repair
@@ -85,6 +85,15 @@ def deadline_sweep(k: Kernel, leader_key: str) -> int | None:
         if not leading:
             return None
         return cancel_past_deadlines(k)
+
+
+def decision_journal_sweep(k: Kernel, leader_key: str) -> int | None:
+    """The decision journal's tick, under `<leader key>:decisions`: its records into the indexed
+    table (docs/audit.md)."""
+    with k.store.leader(f"{leader_key}:decisions") as leading:
+        if not leading:
+            return None
+        return flush_decision_journal(k)
 
 
 def cleanup_sweep(k: Kernel, leader_key: str, *, include_deadlines: bool = False) -> CleanupResult | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 
 class DecisionOutcome(StrEnum):
@@ -49,3 +50,4 @@ class DecisionRecord:
     decided_by: str | None = None
     credential: str | None = None
     event_seq: int | None = None
+    judge: dict[str, Any] | None = None  # a judge rule's record (what was asked, the answer, latency)

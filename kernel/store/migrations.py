@@ -186,6 +186,15 @@ def _decision_rollup(conn: Connection) -> None:
         table.create(conn, checkfirst=True)
 
 
+def _decision_journal(conn: Connection) -> None:
+    # 008 (docs/audit.md): decision records are written to the journal and moved into `decisions`
+    # in batches; the judge's record on a decision row; an index for the execution filter.
+    _add_columns(conn, "decisions", {"judge": "TEXT"})
+    t.decision_journal.create(conn, checkfirst=True)
+    if "ix_decisions_execution" not in {i["name"] for i in inspect(conn).get_indexes("decisions")}:
+        conn.execute(text("CREATE INDEX ix_decisions_execution ON decisions (execution_id, decided_at, id)"))
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
@@ -194,6 +203,7 @@ MIGRATIONS: list[Migration] = [
     Migration(5, "shadow bundles and the policy audit trail", _shadow_bundles),
     Migration(6, "step outcome seqs (fork lineage)", _step_outcome_seq),
     Migration(7, "hourly decision counts for the audit chart", _decision_rollup),
+    Migration(8, "decision journal, judge on decision records", _decision_journal),
 ]
 LATEST = MIGRATIONS[-1].version
 

@@ -1,6 +1,7 @@
-"""`Tx`'s queries on the audit record: the decisions table (written with its event, read by
-`GET /v0/decisions` and the console, pruned by its own retention) and bundle revisions by content
-hash. Mixed into `Tx` (sql.py), which supplies `conn` and `w`.
+"""`Tx`'s queries on the audit record: the decision records (written with their event into the
+journal, moved in batches into the indexed decisions table, read from both by `GET /v0/decisions`
+and the console, pruned by their own retention) and bundle revisions by content hash. Mixed into
+`Tx` (sql.py), which supplies `conn` and `w`.
 """
 
 from __future__ import annotations
@@ -9,12 +10,24 @@ import hashlib
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, case, delete, func, literal_column, select, tuple_
+from sqlalchemy import (
+    Table,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    literal_column,
+    select,
+    tuple_,
+    union_all,
+)
 from sqlalchemy.engine import Connection
 
 from kernel.domain import DecisionOutcome, DecisionRecord
+from kernel.store import codec
 from kernel.store import tables as t
-from kernel.store.statements import INSERT_DECISION
+from kernel.store.statements import DECISION_COLUMNS, INSERT_DECISION
 
 # The filters `list_decisions` takes, each an equality on its indexed column.
 DECISION_FILTERS = ("agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id")
@@ -34,7 +47,7 @@ def decision_params(r: DecisionRecord) -> dict[str, Any]:
         "kind": r.kind, "target": r.target, "decision": r.decision.value, "rule_id": r.rule_id,
         "reason": r.reason, "policy_kind": r.policy_kind, "policy_revision": r.policy_revision,
         "policy_hash": r.policy_hash, "decided_by": r.decided_by, "credential": r.credential,
-        "event_seq": r.event_seq, "decided_at": r.decided_at,
+        "event_seq": r.event_seq, "decided_at": r.decided_at, "judge": codec.dumps_or_none(r.judge),
     }
 
 
@@ -44,13 +57,13 @@ def to_decision(r: Any) -> DecisionRecord:
         target=r.target, decision=DecisionOutcome(r.decision), rule_id=r.rule_id, decided_at=r.decided_at,
         reason=r.reason, policy_kind=r.policy_kind, policy_revision=r.policy_revision,
         policy_hash=r.policy_hash, decided_by=r.decided_by, credential=r.credential,
-        event_seq=r.event_seq,
+        event_seq=r.event_seq, judge=codec.loads(r.judge),
     )
 
 
-def _bucket(edges: list[datetime]) -> Any:
+def _bucket(table: Table, edges: list[datetime]) -> Any:
     """The index i of [edges[i], edges[i+1]) holding decided_at: a nested CASE, log2 comparisons."""
-    c = t.decisions.c
+    c = table.c
 
     def between(lo: int, hi: int) -> Any:
         if hi - lo == 1:
@@ -62,14 +75,27 @@ def _bucket(edges: list[datetime]) -> Any:
     return between(0, len(edges) - 1)
 
 
-def _filtered(q: Any, filters: dict[str, str], edges: list[datetime]) -> Any:
-    c = t.decisions.c
+def _filtered(table: Table, q: Any, filters: dict[str, str], edges: list[datetime]) -> Any:
+    c = table.c
+    q = q.where(*_where(table, filters, None, None))
+    return q.where(c.decided_at >= bindparam("edge_first", edges[0], type_=t.UTCDateTime()),
+                   c.decided_at < bindparam("edge_last", edges[-1], type_=t.UTCDateTime()))
+
+
+def _where(
+    table: Table, filters: dict[str, str], since: datetime | None, until: datetime | None
+) -> list[Any]:
+    c = table.c
+    out = []
     for name, value in filters.items():
         if name not in DECISION_FILTERS:
             raise ValueError(f"not a decision filter: {name}")
-        q = q.where(c[name] == value)
-    return q.where(c.decided_at >= bindparam("edge_first", edges[0], type_=t.UTCDateTime()),
-                   c.decided_at < bindparam("edge_last", edges[-1], type_=t.UTCDateTime()))
+        out.append(c[name] == value)
+    if since is not None:
+        out.append(c.decided_at >= since)
+    if until is not None:
+        out.append(c.decided_at < until)
+    return out
 
 
 class AuditQueries:
@@ -95,32 +121,38 @@ class AuditQueries:
     ) -> list[DecisionRecord]:
         """Newest first on (decided_at, id). `filters`: column → value, for the columns in
         DECISION_FILTERS; `since` inclusive, `until` exclusive; `before`: the keyset cursor, the
-        (decided_at, id) of the last row of the previous page."""
-        c = t.decisions.c
-        q = select(t.decisions)
-        for name, value in filters.items():
-            if name not in DECISION_FILTERS:
-                raise ValueError(f"not a decision filter: {name}")
-            q = q.where(c[name] == value)
-        if since is not None:
-            q = q.where(c.decided_at >= since)
-        if until is not None:
-            q = q.where(c.decided_at < until)
-        if before is not None:
-            at = bindparam("before_at", before[0], type_=t.UTCDateTime())
-            q = q.where(tuple_(c.decided_at, c.id) < tuple_(at, bindparam("before_id", before[1])))
-        q = q.order_by(c.decided_at.desc(), c.id.desc()).limit(limit)
+        (decided_at, id) of the last row of the previous page.
+
+        One statement over both tables: the page of `decisions` answered from the index led by the
+        filtered column, and the same page of the journal (small: one flush interval's records),
+        merged."""
+        parts = []
+        for table in (t.decisions, t.decision_journal):
+            c = table.c
+            q = select(*(c[name] for name in DECISION_COLUMNS)).where(*_where(table, filters, since, until))
+            if before is not None:
+                at = bindparam("before_at", before[0], type_=t.UTCDateTime())
+                q = q.where(tuple_(c.decided_at, c.id) < tuple_(at, bindparam("before_id", before[1])))
+            parts.append(select(q.order_by(c.decided_at.desc(), c.id.desc()).limit(limit).subquery()))
+        both = union_all(*parts).subquery()
+        q = select(both).order_by(both.c.decided_at.desc(), both.c.id.desc()).limit(limit)
         return [to_decision(r) for r in self.conn.execute(q).all()]
 
     def count_decisions(self, filters: dict[str, str], edges: list[datetime]) -> list[tuple[int, str, int]]:
         """(bucket, decision, count) of the records in [edges[0], edges[-1]), bucket i being
         [edges[i], edges[i+1]). The bucket is a nested CASE (log2 comparisons a row), so one
-        pass over the index range answers the whole chart on either dialect."""
-        c = t.decisions.c
-        q = _filtered(select(_bucket(edges).label("bucket"), c.decision.label("decision")), filters, edges)
-        sub = q.subquery()
-        grouped = select(sub.c.bucket, sub.c.decision, func.count()).group_by(sub.c.bucket, sub.c.decision)
-        return [(int(b), str(d), int(n)) for b, d, n in self.conn.execute(grouped).all()]
+        pass over the index range answers the whole chart on either dialect (and one over the
+        journal's few rows)."""
+        totals: dict[tuple[int, str], int] = {}
+        for table in (t.decisions, t.decision_journal):
+            c = table.c
+            q = _filtered(table, select(_bucket(table, edges).label("bucket"), c.decision.label("decision")),
+                          filters, edges)
+            sub = q.subquery()
+            grouped = select(sub.c.bucket, sub.c.decision, func.count()).group_by(sub.c.bucket, sub.c.decision)
+            for b, d, n in self.conn.execute(grouped).all():
+                totals[(int(b), str(d))] = totals.get((int(b), str(d)), 0) + int(n)
+        return [(b, d, n) for (b, d), n in totals.items()]
 
     # -- the chart's hourly counts (decision_rollup) ----------------------------------------
     def rollup_hours(self, first: datetime, last: datetime) -> set[datetime]:
@@ -133,15 +165,19 @@ class AuditQueries:
         """(hour, agent_id, decision, rule_id, policy_hash, count) of the records in the
         contiguous run of whole hours `hours` (one pass over the time index)."""
         edges = [*hours, hours[-1] + timedelta(hours=1)]
-        c = t.decisions.c
-        q = _filtered(select(_bucket(edges).label("bucket"), c.agent_id, c.decision, c.rule_id, c.policy_hash),
-                      {}, edges)
-        sub = q.subquery()
-        grouped = select(sub.c.bucket, sub.c.agent_id, sub.c.decision, sub.c.rule_id, sub.c.policy_hash,
-                         func.count()).group_by(sub.c.bucket, sub.c.agent_id, sub.c.decision, sub.c.rule_id,
-                                                sub.c.policy_hash)
-        return [(hours[int(b)], str(a), str(d), str(r), str(h), int(n))
-                for b, a, d, r, h, n in self.conn.execute(grouped).all()]
+        totals: dict[tuple[datetime, str, str, str, str], int] = {}
+        for table in (t.decisions, t.decision_journal):  # the journal: records not yet moved
+            c = table.c
+            q = _filtered(table, select(_bucket(table, edges).label("bucket"), c.agent_id, c.decision, c.rule_id,
+                                        c.policy_hash), {}, edges)
+            sub = q.subquery()
+            grouped = select(sub.c.bucket, sub.c.agent_id, sub.c.decision, sub.c.rule_id, sub.c.policy_hash,
+                             func.count()).group_by(sub.c.bucket, sub.c.agent_id, sub.c.decision, sub.c.rule_id,
+                                                    sub.c.policy_hash)
+            for b, a, d, r, h, n in self.conn.execute(grouped).all():
+                key = (hours[int(b)], str(a), str(d), str(r), str(h))
+                totals[key] = totals.get(key, 0) + int(n)
+        return [(*key, n) for key, n in totals.items()]
 
     def insert_rollup(self, hours: list[datetime], counts: list[tuple[datetime, str, str, str, str, int]],
                       now: datetime) -> None:
@@ -170,11 +206,38 @@ class AuditQueries:
         self.w.execute(delete(t.decision_rollup).where(t.decision_rollup.c.hour < cutoff))
         return n
 
+    def flush_decision_journal(self, limit: int) -> int:
+        """Move up to `limit` of the oldest journal rows into `decisions`, in SQL (no row passes
+        through Python); returns how many.
+
+        PostgreSQL: one statement, `WITH moved AS (DELETE … RETURNING) INSERT … SELECT FROM moved`,
+        so the rows inserted are exactly the rows deleted even under READ COMMITTED while steps
+        keep appending. SQLite: INSERT … SELECT then DELETE of the same seq range, which no other
+        writer can change in between (the transaction holds the database write lock)."""
+        j = t.decision_journal
+        cols = [j.c[n] for n in DECISION_COLUMNS]
+        oldest = select(j.c.seq).order_by(j.c.seq).limit(limit).subquery()
+        if self.w.dialect.name == "postgresql":
+            moved = delete(j).where(j.c.seq.in_(select(oldest.c.seq))).returning(*cols).cte("moved")
+            stmt = insert(t.decisions).from_select(list(DECISION_COLUMNS), select(*(moved.c[n] for n in DECISION_COLUMNS)))
+            return len(self.w.execute(stmt.returning(t.decisions.c.id)).all())  # rowcount is -1 here
+        last = self.w.execute(select(func.max(oldest.c.seq))).scalar()
+        if last is None:
+            return 0
+        self.w.execute(insert(t.decisions).from_select(list(DECISION_COLUMNS), select(*cols).where(j.c.seq <= last)))
+        return int(self.w.execute(delete(j).where(j.c.seq <= last)).rowcount)
+
     def delete_decisions_before(self, cutoff: datetime, limit: int) -> int:
-        """Retention of the decisions table: up to `limit` rows decided before `cutoff`, oldest first."""
-        c = t.decisions.c
-        ids = select(c.id).where(c.decided_at < cutoff).order_by(c.decided_at).limit(limit).scalar_subquery()
-        return int(self.w.execute(delete(t.decisions).where(c.id.in_(ids))).rowcount)
+        """Retention of the decision records: up to `limit` rows decided before `cutoff`, oldest
+        first (journal rows that old, left by a cleanup that has not run, go too)."""
+        total = 0
+        for table in (t.decisions, t.decision_journal):
+            c = table.c
+            ids = select(c.id).where(c.decided_at < cutoff).order_by(c.decided_at).limit(limit - total)
+            total += int(self.w.execute(delete(table).where(c.id.in_(ids.scalar_subquery()))).rowcount)
+            if total >= limit:
+                break
+        return total
 
     # -- bundle revisions by content ------------------------------------------------------
     def policy_revision_by_hash(self, agent_id: str, content_hash: str) -> Any:

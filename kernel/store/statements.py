@@ -196,4 +196,5 @@ LENT_STEP = Prepared(
     )
 )
 DECISION_COLUMNS = tuple(c.key for c in t.decisions.c)
-INSERT_DECISION = Prepared(insert(t.decisions).values({c: param(c) for c in DECISION_COLUMNS}))
+# A decision's record goes to the journal (tables.py); the journal's cleanup moves it to `decisions`.
+INSERT_DECISION = Prepared(insert(t.decision_journal).values({c: param(c) for c in DECISION_COLUMNS}))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import func, select
 
 from kernel.core import approvals, decisions, steps, sweeps
 from kernel.core.approvals import Principal
@@ -15,6 +16,7 @@ from kernel.core.kernel import Kernel
 from kernel.domain import ApprovalConfig, Credential, Decision, DecisionOutcome, Verdict
 from kernel.domain.decision import PolicyKind
 from kernel.errors import ValidationError
+from kernel.store import tables as t
 from tests.conftest import Running
 from tests.core.test_steps import FixedPolicy, req
 
@@ -143,3 +145,102 @@ def test_no_decisions_row_when_the_record_is_switched_off(kernel: Kernel, runnin
     eid, did, att = running.start()
     steps.submit_step(kernel, "shell", eid, did, att, req())
     assert _all(kernel) == []
+
+
+def _journal_and_table(k: Kernel) -> tuple[int, int]:
+    with k.store.read() as tx:
+        return tuple(  # type: ignore[return-value]
+            int(tx.conn.execute(select(func.count()).select_from(table)).scalar_one())
+            for table in (t.decision_journal, t.decisions)
+        )
+
+
+def test_a_record_is_read_from_the_journal_before_its_flush_and_from_the_table_after(
+    kernel: Kernel, running: Running
+) -> None:
+    eid, did, att = running.start()
+    for target in ("a", "b", "c"):
+        steps.submit_step(kernel, "shell", eid, did, att, req(target=target))
+    assert _journal_and_table(kernel) == (3, 0)
+    before = [(r.id, r.target, r.event_seq) for r in _all(kernel)]
+    assert [target for _, target, _ in before] == ["c", "b", "a"]
+    assert decisions.flush_decision_journal(kernel) == 3
+    assert _journal_and_table(kernel) == (0, 3)
+    assert [(r.id, r.target, r.event_seq) for r in _all(kernel)] == before
+    assert decisions.flush_decision_journal(kernel) == 0
+
+
+def test_pages_and_counts_span_the_journal_and_the_table(kernel: Kernel, running: Running) -> None:
+    eid, did, att = running.start()
+    for i in range(5):
+        steps.submit_step(kernel, "shell", eid, did, att, req(target=f"old-{i}"))
+        kernel.clock.advance(1)  # type: ignore[attr-defined]
+    decisions.flush_decision_journal(kernel)
+    for i in range(4):
+        steps.submit_step(kernel, "shell", eid, did, att, req(target=f"new-{i}"))
+        kernel.clock.advance(1)  # type: ignore[attr-defined]
+    assert _journal_and_table(kernel) == (4, 5)
+    seen: list[str] = []
+    page = decisions.list_decisions(kernel, DecisionQuery(agent_id="shell", limit=3))
+    seen += [r.target for r in page.decisions]
+    while page.next_cursor is not None:
+        page = decisions.list_decisions(kernel, DecisionQuery(agent_id="shell", limit=3, cursor=page.next_cursor))
+        seen += [r.target for r in page.decisions]
+    assert seen == [f"new-{i}" for i in reversed(range(4))] + [f"old-{i}" for i in reversed(range(5))]
+    now = kernel.clock.now()
+    counts = decisions.count_decisions(kernel, DecisionQuery(), now - timedelta(seconds=60), now, 1)
+    assert counts.buckets == [{"allowed": 9}]
+
+
+def test_retention_deletes_old_records_from_the_journal_too(kernel: Kernel, running: Running) -> None:
+    eid, did, att = running.start()
+    steps.submit_step(kernel, "shell", eid, did, att, req(target="flushed"))
+    decisions.flush_decision_journal(kernel)
+    steps.submit_step(kernel, "shell", eid, did, att, req(target="journal"))
+    kernel.clock.advance(kernel.decision_retention + 10)  # type: ignore[attr-defined]
+    steps.submit_step(kernel, "shell", eid, did, att, req(target="kept"))
+    assert decisions.delete_expired_decisions(kernel) == 2
+    assert [r.target for r in _all(kernel)] == ["kept"]
+
+
+def test_the_journal_flush_moves_in_bounded_batches(kernel: Kernel, running: Running) -> None:
+    eid, did, att = running.start()
+    for i in range(7):
+        steps.submit_step(kernel, "shell", eid, did, att, req(target=f"t{i}"))
+    assert decisions.flush_decision_journal(kernel, batch=3) == 7
+    assert _journal_and_table(kernel) == (0, 7)
+    assert sorted(r.target for r in _all(kernel)) == [f"t{i}" for i in range(7)]
+
+
+def test_flushing_while_steps_append_loses_and_doubles_nothing(kernel: Kernel, running: Running) -> None:
+    import threading
+
+    starts = [running.start() for _ in range(3)]
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def submit(eid: str, did: str, att: int) -> None:
+        try:
+            for i in range(40):
+                steps.submit_step(kernel, "shell", eid, did, att, req(target=f"t{i}"))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def flush() -> None:
+        while not done.is_set():
+            decisions.flush_decision_journal(kernel, batch=7)
+
+    flusher = threading.Thread(target=flush)
+    flusher.start()
+    workers = [threading.Thread(target=submit, args=s) for s in starts]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    done.set()
+    flusher.join()
+    assert not errors
+    decisions.flush_decision_journal(kernel)
+    ids = [r.id for r in _all(kernel)]
+    assert _journal_and_table(kernel) == (0, 120)
+    assert len(set(ids)) == len(ids) == 120

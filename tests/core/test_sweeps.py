@@ -205,3 +205,38 @@ def test_sweeper_runs_both_sweeps_at_start_up_and_stops(kernel: Kernel, running:
 def _gone(k: Kernel, eid: str) -> bool:
     with k.store.read() as tx:
         return tx.get_execution(eid) is None
+
+
+def _journal(k: Kernel) -> int:
+    from sqlalchemy import func, select
+
+    from kernel.store import tables as t
+
+    with k.store.read() as tx:
+        return int(tx.conn.execute(select(func.count()).select_from(t.decision_journal)).scalar_one())
+
+
+@pytest.mark.parametrize("interval", [0.05, 3600.0], ids=["on-its-interval", "on-stop"])
+def test_sweeper_moves_the_decision_journal(kernel: Kernel, running: Running, interval: float) -> None:
+    from kernel.core import decisions, steps
+    from kernel.core.decisions import DecisionQuery
+    from tests.core.test_steps import req
+
+    eid, did, att = running.start()
+
+    async def main() -> None:
+        s = Sweeper(kernel, leader_key=KEY, cleanup_interval=0, deadline_check_interval=3600,
+                    decision_flush_interval=interval)
+        await s.start()
+        await asyncio.to_thread(steps.submit_step, kernel, "shell", eid, did, att, req(target="t"))
+        assert interval > 1 or _journal(kernel) <= 1
+        for _ in range(300 if interval < 1 else 0):  # bounded wait for a tick
+            if _journal(kernel) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert _journal(kernel) == (0 if interval < 1 else 1)
+        await asyncio.wait_for(s.stop(), 5)
+
+    asyncio.run(main())
+    assert _journal(kernel) == 0
+    assert [r.target for r in decisions.list_decisions(kernel, DecisionQuery()).decisions] == ["t"]

@@ -58,6 +58,9 @@ def test_judge_outcome_follows_probabilities_and_threshold(
     assert record["request"]["tool_call"] == {"agent_id": "shell", "tool": "send_email",
                                               "arguments": {"to": "a@example.com"}}
     assert record["latency_ms"] >= 0
+    # The decisions record carries the same judge record, so an auditor sees why without the log.
+    [row] = httpx.get(f"{server.url}/v0/decisions", params={"execution_id": eid}).json()["decisions"]
+    assert (row["rule_id"], row["reason"], row["judge"]) == ("ask-model", reason, record)
     if decision == "denied":
         assert (answer["reason"], answer["rule_id"]) == (reason, "ask-model")
 
