@@ -110,6 +110,7 @@ def test_closed_hours_are_summed_from_the_rollup_not_scanned_again(
     # chart still counts them, so it read the rollup, not the records.
     with store.engine.begin() as c:
         c.execute(t.decisions.delete())
+        c.execute(t.decision_journal.delete())  # the records not yet moved out of the journal
     assert decisions.count_decisions(kernel, DecisionQuery(), since, until).buckets[:2] == [{"allowed": 3}, {"denied": 2}]
     assert decisions.count_decisions(kernel, DecisionQuery(decision="denied"), since, until).buckets[:2] == [{}, {"denied": 2}]
     assert decisions.count_decisions(kernel, DecisionQuery(rule_id="rule-allow"), since, until).buckets[0] == {"allowed": 3}
