@@ -77,7 +77,7 @@ async def timeline_page(execution_id: str, request: Request) -> Response:
     v = await viewer(request)
     require(v, any_of=TIMELINE_SCOPES)
     t = await call(timeline.timeline, kernel_of(request), _uuid(execution_id, "execution id"), _after(request))
-    return page(request, v, "timeline.html", section="executions", t=t, page_start=_after(request))
+    return page(request, v, "timeline.html", section="executions", t=t)
 
 
 @router.get("/console/executions/{execution_id}/live")
@@ -93,7 +93,7 @@ async def timeline_live(execution_id: str, request: Request) -> Response:
         return Response(status_code=204, headers={"Cache-Control": "no-store"})
     t = await call(timeline.timeline, k, eid, _after(request))
     return fragment(request, "_timeline.html", headers={"X-Regent-Seq": str(seq), "X-Regent-Status": status},
-                    t=t, viewer=v, page_start=_after(request))
+                    t=t, viewer=v)
 
 
 @router.post("/console/executions/{execution_id}/cancel")

@@ -75,8 +75,19 @@ class Timeline:
     last_seq: int  # of the events read
     execution_seq: int  # the execution's last event seq (what a live page compares)
     next_seq: int | None  # where the next page starts, when there is one
-    steps: int
+    steps: int  # of the whole execution, as are the attempts
     attempts: int  # dispatch attempts delivered
+    after_seq: int = 0  # where this page starts (its first event is the next one)
+    page_size: int = TIMELINE_EVENTS
+
+    @property
+    def latest_start(self) -> int:
+        """Where the page holding the execution's newest events starts (seqs are gapless)."""
+        return max(self.execution_seq - 1, 0) // self.page_size * self.page_size
+
+    @property
+    def earlier_start(self) -> int:
+        return max(self.after_seq - self.page_size, 0)
 
 
 def timeline(k: Kernel, execution_id: str, after_seq: int = 0, limit: int = TIMELINE_EVENTS) -> Timeline:
@@ -87,6 +98,12 @@ def timeline(k: Kernel, execution_id: str, after_seq: int = 0, limit: int = TIME
         steps = {s.step_id: s for s in tx.get_steps(execution_id, sorted(ids))}
         approvals = {a.step_id: a for a in tx.list_approvals(None, execution_id=execution_id)}
         execution_seq = tx.last_event_seq(execution_id)
+        if after_seq == 0 and len(events) <= limit:  # the whole execution is on this page
+            total_steps = total_attempts = -1
+        else:
+            total_steps = tx.count_steps(execution_id)
+            total_attempts = tx.count_events_of(
+                execution_id, [EventType.DISPATCH_ACKED.value, EventType.DISPATCH_FAILED.value])
     more = len(events) > limit
     events = events[:limit]
     rows: list[StepRow | Event] = []
@@ -118,7 +135,9 @@ def timeline(k: Kernel, execution_id: str, after_seq: int = 0, limit: int = TIME
             row.policy_kind = str(p.get("policy_kind") or "")
             row.policy_revision = str(p.get("policy_revision") or "")
     last = events[-1].event_seq if events else after_seq
-    return Timeline(e, rows, last, execution_seq, last if more else None, len(by_step), attempts)
+    return Timeline(e, rows, last, execution_seq, last if more else None,
+                    len(by_step) if total_steps < 0 else total_steps,
+                    attempts if total_attempts < 0 else total_attempts, after_seq, limit)
 
 
 def last_event_seq(k: Kernel, execution_id: str) -> tuple[int, str]:

@@ -410,6 +410,16 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ShadowQueries):
     def count_events(self, execution_id: str, type_: str) -> int:
         return int(COUNT_EVENTS.scalar(self.conn, {"execution_id": execution_id, "type": type_}) or 0)
 
+    def count_events_of(self, execution_id: str, types: list[str]) -> int:
+        """Events of any of `types` in one execution (one pass over its events)."""
+        c = t.events.c
+        q = select(func.count()).select_from(t.events).where(c.execution_id == execution_id, c.type.in_(types))
+        return int(self.conn.execute(q).scalar() or 0)
+
+    def count_steps(self, execution_id: str) -> int:
+        q = select(func.count()).select_from(t.steps).where(t.steps.c.execution_id == execution_id)
+        return int(self.conn.execute(q).scalar() or 0)
+
     # -- steps ----------------------------------------------------------------------------
     def get_step(self, step_id: str) -> Step | None:
         r = GET_STEP.first(self.conn, {"id": step_id})

@@ -56,6 +56,27 @@ def test_timeline_of_a_completed_execution_shows_each_steps_decision_and_rule_id
     shot(page, "timeline")
 
 
+def test_a_long_timeline_is_paged_with_links_to_every_part_of_it(ck: ConsoleKernel, page: Any) -> None:
+    calls = [{"tool": "shell_exec", "args": {"command": f"ls /tmp/{i}"}} for i in range(200)]
+    eid = ck.run("ops", calls, "completed", timeout=90)
+    total = len(ck.api.http.get(f"/v0/executions/{eid}/events", params={"limit": 1000}).json())
+    assert total > 500
+    page.goto(f"{ck.url}/console/executions/{eid}")
+    pager = page.locator("nav.pager").first
+    assert pager.inner_text().startswith(f"events 1–500 of {total}")
+    assert page.locator("nav.pager .earlier").count() == 0
+    page.click("nav.pager .latest >> nth=0")
+    page.wait_for_url(re.compile(r"after_seq=\d+"))
+    last = page.locator("nav.pager").first.inner_text()
+    assert last.endswith("‹ earlier") and f"of {total}" in last and f"–{total} of" in last
+    assert page.locator("tr.event", has_text="execution.completed").count() == 1
+    assert page.locator("dl.facts div", has_text="Steps").locator("dd").inner_text() == "200"  # all, not this page's
+    page.screenshot(path=str(shot(page, "timeline-paged")), clip={"x": 0, "y": 0, "width": 1280, "height": 800})
+    page.click("nav.pager .first >> nth=0")
+    assert page.locator("tr.event", has_text="execution.created").count() == 1
+    assert page.locator("tr.step").count() >= 100
+
+
 def test_executions_list_filters_by_status_and_shows_counts(ck: ConsoleKernel, page: Any) -> None:
     done = ck.run("ops", [LS], "completed")
     blocked = ck.run("ops", [RM], "blocked")
