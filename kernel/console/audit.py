@@ -27,7 +27,7 @@ from kernel.console.web import (
     templates,
     viewer,
 )
-from kernel.core import agents, decisions
+from kernel.core import agents, decisions, policies
 from kernel.domain import DecisionOutcome
 from kernel.errors import ValidationError
 
@@ -37,6 +37,10 @@ PAGE_SIZE = 50
 EXPORT_MAX_ROWS = 1_000_000  # one export's bound; narrow the filters for more
 # The shortcuts the decision filter offers besides the outcomes: kernel rule ids an auditor looks for.
 RULE_SHORTCUTS = {"eval-error": "eval-error", "bundle-error": "bundle-error"}
+# What the v0 API answered the agent for an outcome whose name differs (rebuno-v0 §5): the search
+# says so, for an auditor who looks for the `blocked` answer an agent logged.
+WIRE_ANSWERS = {"allowed": "API: proceed", "awaiting_approval": "API: blocked",
+                "rate_limited": "API: rate_limited, or blocked when parked"}
 CSV_COLUMNS = ("decided_at", "agent_id", "execution_id", "step_id", "kind", "target", "decision", "rule_id",
                "reason", "policy_kind", "policy_revision", "policy_hash", "decided_by", "credential", "event_seq")
 
@@ -51,8 +55,18 @@ def _time(value: str | None, name: str) -> datetime | None:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t
 
 
-def query_of(request: Request, limit: int = PAGE_SIZE, cursor: bool = True) -> tuple[decisions.DecisionQuery, dict[str, str]]:
-    """The search form's fields → the core's query (and the fields as given, to refill the form)."""
+async def query_of(request: Request, limit: int = PAGE_SIZE,
+                   cursor: bool = True) -> tuple[decisions.DecisionQuery, dict[str, str]]:
+    """The search form's fields → the core's query (and the fields as given, to refill the form).
+    The bundle field takes a revision name or a policy hash."""
+    query, fields = _query(request, limit, cursor)
+    if query.policy_hash is not None:
+        h = await call(policies.policy_hash_of, kernel_of(request), query.policy_hash, query.agent_id)
+        query = decisions.DecisionQuery(**{**_fields(query), "policy_hash": h})
+    return query, fields
+
+
+def _query(request: Request, limit: int, cursor: bool) -> tuple[decisions.DecisionQuery, dict[str, str]]:
     q = request.query_params
     fields = {key: q.get(key, "").strip() for key in ("agent_id", "decision", "rule_id", "target", "policy_hash",
                                                         "execution_id", "from", "to")}
@@ -62,13 +76,12 @@ def query_of(request: Request, limit: int = PAGE_SIZE, cursor: bool = True) -> t
     decision, rule = fields["decision"] or None, fields["rule_id"] or None
     if fields["decision"] in RULE_SHORTCUTS:
         decision, rule = None, RULE_SHORTCUTS[fields["decision"]]
-    query = decisions.DecisionQuery(
+    return decisions.DecisionQuery(
         agent_id=fields["agent_id"] or None, decision=decision, rule_id=rule, target=fields["target"] or None,
         policy_hash=fields["policy_hash"] or None, execution_id=fields["execution_id"] or None,
         since=_time(fields["from"], "from"), until=_time(fields["to"], "to"),
         cursor=(q.get("cursor") or None) if cursor else None, limit=limit,
-    )
-    return query, fields
+    ), fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,14 +164,15 @@ def chart(counts: decisions.DecisionCounts) -> Chart:
 async def audit_page(request: Request) -> Response:
     v = await viewer(request)
     require(v, SCOPE)
-    query, fields = query_of(request)
+    query, fields = await query_of(request)
     k = kernel_of(request)
     result = await call(decisions.list_decisions, k, query)
     known = await call(agents.list_agents, k)
     export = urlencode({key: value for key, value in fields.items() if value})
     return page(request, v, "audit.html", section="audit", result=result, fields=fields,
                 agents=[a.id for a in known], outcomes=[o.value for o in DecisionOutcome],
-                shortcuts=list(RULE_SHORTCUTS), export=export, outcome_styles=OUTCOMES)
+                shortcuts=list(RULE_SHORTCUTS), export=export, outcome_styles=OUTCOMES,
+                wire=WIRE_ANSWERS)
 
 
 @router.get("/console/audit/chart.svg")
@@ -167,7 +181,7 @@ async def chart_svg(request: Request) -> Response:
     page does not wait for it. Closed hours come from the hourly rollup (core.decisions)."""
     v = await viewer(request)
     require(v, SCOPE)
-    query, _ = query_of(request, cursor=False)
+    query, _ = await query_of(request, cursor=False)
     k = kernel_of(request)
     since, until = query.since, query.until
     if since is None and until is None:
@@ -208,7 +222,7 @@ def _export_headers(name: str) -> dict[str, str]:
 async def export_jsonl(request: Request) -> Response:
     v = await viewer(request)
     require(v, SCOPE)
-    query, _ = query_of(request, limit=decisions.MAX_PAGE, cursor=False)
+    query, _ = await query_of(request, limit=decisions.MAX_PAGE, cursor=False)
 
     async def lines() -> AsyncIterator[bytes]:
         async for row in _rows(request, query):
@@ -227,7 +241,7 @@ def _csv_cell(value: Any) -> str:
 async def export_csv(request: Request) -> Response:
     v = await viewer(request)
     require(v, SCOPE)
-    query, _ = query_of(request, limit=decisions.MAX_PAGE, cursor=False)
+    query, _ = await query_of(request, limit=decisions.MAX_PAGE, cursor=False)
 
     async def lines() -> AsyncIterator[bytes]:
         buf = io.StringIO()

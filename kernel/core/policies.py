@@ -111,6 +111,24 @@ def revision_by_hash(k: Kernel, agent_id: str, policy_hash: str) -> PolicyRevisi
     return _to_revision(row)
 
 
+def policy_hash_of(k: Kernel, bundle: str, agent_id: str | None = None) -> str:
+    """The policy hash a decision search means by `bundle`: a policy hash as given, or the hash
+    of the bundle stored under that revision name (of `agent_id` when given). ValidationError
+    when no stored bundle, or more than one, has that revision."""
+    text = bundle.strip()
+    if len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower()):
+        return text.lower()
+    with k.store.read() as tx:
+        hashes = tx.policy_hashes_of_revision(text, agent_id)
+    if not hashes:
+        raise ValidationError(f"validation error: no stored bundle has the revision {text!r} "
+                              "(give a revision or a 64-digit policy hash)")
+    if len(hashes) > 1:
+        raise ValidationError(f"validation error: the revision {text!r} names {len(hashes)} different bundles; "
+                              f"pick an agent or give one of their policy hashes: {', '.join(h[:12] for h in hashes)}…")
+    return hashes[0]
+
+
 def activate_revision(k: Kernel, agent_id: str, seq: int, actor: Actor | None = None) -> None:
     who = actor or Actor()
     with k.store.transaction(lock=f"policy:{agent_id}") as tx:

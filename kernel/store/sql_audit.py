@@ -240,6 +240,15 @@ class AuditQueries:
         return total
 
     # -- bundle revisions by content ------------------------------------------------------
+    def policy_hashes_of_revision(self, revision: str, agent_id: str | None) -> list[str]:
+        """The content hashes stored under a revision name (of one agent, or of any); a small
+        table, read without an index of its own."""
+        c = t.policy_revisions.c
+        q = select(c.content_hash).where(c.revision == revision).distinct()
+        if agent_id is not None:
+            q = q.where(c.agent_id == agent_id)
+        return sorted(str(r[0]) for r in self.conn.execute(q).all())
+
     def policy_revision_by_hash(self, agent_id: str, content_hash: str) -> Any:
         c = t.policy_revisions.c
         return self.conn.execute(

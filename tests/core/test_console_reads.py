@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from kernel.clock import ManualClock
 from kernel.core import decisions, steps, timeline
 from kernel.core.decisions import DecisionQuery
@@ -147,3 +149,18 @@ def test_retention_forgets_the_rolled_up_hours_it_deletes_records_of(
     assert decisions.delete_expired_decisions(kernel) == 2
     after = decisions.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24))
     assert after.buckets[0] == {} and after.buckets[2] == {"allowed": 1}
+
+
+def test_a_decision_search_names_its_bundle_by_revision_or_by_policy_hash(kernel: Kernel, running: Running) -> None:
+    from kernel.core import policies
+    from kernel.errors import ValidationError
+
+    with kernel.store.transaction() as tx:
+        tx.add_policy_revision("shell", "yaml", "shell-2026-12-01", "default_action: deny\nrules: []\n", kernel.clock.now())
+    [stored] = policies.list_revisions(kernel, "shell")
+    assert stored.revision == "shell-2026-12-01" and len(stored.content_hash) == 64
+    assert policies.policy_hash_of(kernel, stored.revision) == stored.content_hash
+    assert policies.policy_hash_of(kernel, stored.revision, "shell") == stored.content_hash
+    assert policies.policy_hash_of(kernel, stored.content_hash.upper()) == stored.content_hash
+    with pytest.raises(ValidationError, match="no stored bundle has the revision"):
+        policies.policy_hash_of(kernel, "no-such-revision")
