@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -26,6 +27,13 @@ from kernel.store import tables as t
 from kernel.store.migrations import migrate
 from kernel.store.postgres import driver_url
 from tests.support import AgentClient, ServerThread
+
+# httpx's module-level calls (httpx.get, httpx.post, …) share one default Timeout of 5 s. Under the
+# suite's own parallel load (make test runs it in several processes) a Rego bundle's compile in the
+# load gate can take longer than that, so the tests' plain calls get 30 s; the kernel's own clients
+# name their timeouts and are not affected.
+_httpx_default = httpx._config.DEFAULT_TIMEOUT_CONFIG
+_httpx_default.connect = _httpx_default.read = _httpx_default.write = _httpx_default.pool = 30.0
 
 PG_URL = os.environ.get("REGENT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REQUIRE = os.environ.get("REGENT_REQUIRE_SERVICES") == "1"
