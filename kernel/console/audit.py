@@ -39,8 +39,7 @@ EXPORT_MAX_ROWS = 1_000_000  # one export's bound; narrow the filters for more
 RULE_SHORTCUTS = {"eval-error": "eval-error", "bundle-error": "bundle-error"}
 # What the v0 API answered the agent for an outcome whose name differs (rebuno-v0 §5): the search
 # says so, for an auditor who looks for the `blocked` answer an agent logged.
-WIRE_ANSWERS = {"allowed": "API: proceed", "awaiting_approval": "API: blocked",
-                "rate_limited": "API: rate_limited, or blocked when parked"}
+WIRE_ANSWERS = {"awaiting_approval": "API: blocked", "rate_limited": "API: rate_limited or blocked"}
 CSV_COLUMNS = ("decided_at", "agent_id", "execution_id", "step_id", "kind", "target", "decision", "rule_id",
                "reason", "policy_kind", "policy_revision", "policy_hash", "decided_by", "credential", "event_seq")
 
@@ -139,7 +138,7 @@ def _per(width: timedelta) -> str:
 def chart(counts: decisions.DecisionCounts) -> Chart:
     """Stacked bars, one per time bucket, one colour and pattern per outcome (numbers only:
     nothing a visitor typed reaches the SVG except through the escaped title text)."""
-    width, height, left, bottom = 960, 180, 40, 22
+    width, height, left, bottom, top_pad = 960, 200, 40, 22, 26  # top_pad: the caption's line
     n = len(counts.buckets)
     per = [sum(b.values()) for b in counts.buckets]
     top = max(per, default=0) or 1
@@ -150,7 +149,7 @@ def chart(counts: decisions.DecisionCounts) -> Chart:
         y = float(height - bottom)
         start, end = counts.edges[i], counts.edges[i + 1]
         for outcome in sorted(bucket, key=lambda o: _ORDER.get(o, 99)):
-            h = (height - bottom - 8) * bucket[outcome] / top
+            h = (height - bottom - top_pad) * bucket[outcome] / top
             y -= h
             bars.append(Bar(left + i * slot + 1, y, h, outcome if outcome in _ORDER else "approval_expired",
                             f"{start:{stamp}} – {end:{stamp}} UTC: {bucket[outcome]} {outcome}"))
