@@ -211,7 +211,13 @@ def build_runtime(settings: Settings) -> Runtime:
         migrate(store)
     from kernel.api import threads
 
-    threads.configure(settings.core_threads or default_core_threads(store.dialect))
+    groups = None
+    if settings.sqlite_group_commit and store.dialect == "sqlite":
+        from kernel.store.sqlite import SqliteStore
+
+        assert isinstance(store, SqliteStore)
+        groups = store.commit_groups()
+    threads.configure(settings.core_threads or default_core_threads(store.dialect), groups)
     from kernel.policy.resolver import BundleResolver, LazyRegoEngine
 
     resolver = BundleResolver(

@@ -85,6 +85,8 @@ class Settings(BaseSettings):
 
     # Storage
     sqlite_synchronous: str = "full"
+    # The lane's use cases share one commit (one fsync) while more of them wait (docs/architecture.md)
+    sqlite_group_commit: bool = True
     db_pool_size: int = 10
 
     # Requests

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -33,6 +33,10 @@ T = TypeVar("T")
 STUCK_AFTER = 0.010
 # Overflow threads, as Starlette's default limiter.
 OVERFLOW_THREADS = 40
+# A commit group ends after this many calls or this long after its first call ended, whichever
+# comes first (or as soon as no call waits): a bound on how long a written answer waits.
+GROUP_CALLS = 16
+GROUP_SECONDS = 0.004
 
 
 class _Job:
@@ -49,13 +53,20 @@ class _Job:
         return self._claim.acquire(blocking=False)
 
     def run(self) -> None:
+        outcome = self.execute()
+        if outcome is not None:
+            self.settle(*outcome)
+
+    def execute(self) -> tuple[Any, BaseException | None] | None:
+        """Run the call if nobody else has claimed it: (result, exception), or None."""
         if not self.claim():
-            return
+            return None
         try:
-            result: Any = self.fn()
-            exc: BaseException | None = None
+            return self.fn(), None
         except BaseException as e:  # handed to the awaiting request, as run_in_executor does
-            result, exc = None, e
+            return None, e
+
+    def settle(self, result: Any, exc: BaseException | None) -> None:
         # RuntimeError: the request's event loop has closed, so nobody is waiting any more.
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(_settle, self.fut, result, exc)
@@ -70,12 +81,31 @@ def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) ->
         fut.set_result(result)
 
 
+class CommitGroups(Protocol):
+    """What the lane needs of a store that groups commits (kernel/store/sqlite.py)."""
+
+    def attach(self) -> None: ...
+    def start(self, token: Any) -> None: ...
+    def is_open(self) -> bool: ...
+    def pending(self, token: Any) -> bool: ...
+    def failure(self, token: Any) -> BaseException | None: ...
+    def flush(self) -> None: ...
+
+
 class Lane:
-    """Hot threads for blocking calls, spilling to a pool when all of them are stuck."""
+    """Hot threads for blocking calls, spilling to a pool when all of them are stuck.
+
+    With `groups` (SQLite), each lane thread groups its commits: while more calls wait in the
+    queue, the write transaction a call left open takes the next calls' transactions as well,
+    and one commit (one fsync) ends them all, after at most `GROUP_CALLS` calls or
+    `GROUP_SECONDS`. A call's answer is released only after the commit that holds its writes.
+    """
 
     def __init__(self, threads: int = 1, stuck_after: float = STUCK_AFTER,
-                 overflow_threads: int = OVERFLOW_THREADS, name: str = "regent-core"):
+                 overflow_threads: int = OVERFLOW_THREADS, name: str = "regent-core",
+                 groups: CommitGroups | None = None):
         self.threads = threads
+        self.groups = groups
         self.stuck_after = stuck_after
         self._name = name
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -95,6 +125,9 @@ class Lane:
                 self._started = True
 
     def _run(self) -> None:
+        if self.groups is not None:
+            self._run_grouped(self.groups)
+            return
         get = self._queue.get
         clock = time.monotonic
         while True:
@@ -103,6 +136,50 @@ class Lane:
                 return
             self._last_start = clock()
             job.run()
+
+    def _run_grouped(self, groups: CommitGroups) -> None:
+        groups.attach()
+        get, empty = self._queue.get, self._queue.empty
+        clock = time.monotonic
+        held: list[tuple[_Job, Any, BaseException | None]] = []  # ran; answer not released yet
+        opened = 0.0  # when the open group's first call ended
+        while True:
+            job = get()
+            if job is None:  # close()
+                groups.flush()
+                self._release(groups, held)
+                return
+            self._last_start = clock()
+            groups.start(job)
+            outcome = job.execute()
+            groups.start(None)
+            if outcome is not None:
+                held.append((job, *outcome))
+            if groups.is_open():
+                if not opened:
+                    opened = clock()
+                if not empty() and len(held) < GROUP_CALLS and clock() - opened < GROUP_SECONDS:
+                    self._release(groups, held)  # those that wrote nothing (or whose group committed)
+                    continue
+                groups.flush()
+            opened = 0.0
+            self._release(groups, held)
+
+    @staticmethod
+    def _release(groups: CommitGroups, held: list[tuple[_Job, Any, BaseException | None]]) -> None:
+        """Answer every held call whose writes have committed (or failed to)."""
+        keep = []
+        for entry in held:
+            job, result, exc = entry
+            if groups.pending(job):
+                keep.append(entry)
+                continue
+            failed = groups.failure(job)
+            if failed is not None:
+                job.settle(None, failed)
+            else:
+                job.settle(result, exc)
+        held[:] = keep
 
     def queued(self) -> int:
         """Calls waiting for a lane thread (approximate, as `Queue.qsize`)."""
@@ -153,15 +230,16 @@ _LANE = Lane()
 _CONFIGURE = threading.Lock()
 
 
-def configure(threads: int) -> None:
-    """Set the number of lane threads (`REGENT_CORE_THREADS`); the serving process calls it once
-    at start-up. The old lane, if any, stops after the calls already queued on it."""
+def configure(threads: int, groups: CommitGroups | None = None) -> None:
+    """Set the number of lane threads (`REGENT_CORE_THREADS`) and the store whose commits they
+    group (SQLite, `REGENT_SQLITE_GROUP_COMMIT`); the serving process calls it once at start-up.
+    The old lane, if any, stops after the calls already queued on it."""
     global _LANE
     if threads < 1:
         raise ValueError("the lane needs at least one thread")
     with _CONFIGURE:
-        if _LANE.threads != threads:
-            old, _LANE = _LANE, Lane(threads=threads)
+        if _LANE.threads != threads or _LANE.groups is not groups:
+            old, _LANE = _LANE, Lane(threads=threads, groups=groups)
             old.close()
 
 

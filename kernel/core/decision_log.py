@@ -47,7 +47,8 @@ def collect(k: Kernel) -> Iterator[None]:
     finally:
         _batch.reset(token)
     if batch:
-        k.decision_log.submit(list(batch))
+        entries = list(batch)
+        k.store.after_commit(lambda: k.decision_log.submit(entries))
 
 
 def bind(record: DecisionRecord) -> DecisionRecord:

@@ -122,7 +122,8 @@ def submit_step(
     with dlog.collect(k):  # decision-log entries leave only once the transaction has committed
         answer = _submit_step(k, agent_id, execution_id, dispatch_id, attempt, req, judged, seen)
     if seen is not None and seen.observation is not None:
-        k.shadow.observe(seen.observation)
+        observation = seen.observation
+        k.store.after_commit(lambda: k.shadow.observe(observation))
     return answer
 
 

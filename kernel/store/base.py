@@ -7,7 +7,7 @@ claim; `Tx` (sql.py) holds the queries.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -163,6 +163,12 @@ class SqlStore:
         """A read-only transaction (a consistent snapshot)."""
         with self._begin(write=False) as conn:
             yield Tx(self, conn)
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once what this thread's last transaction wrote has committed: now, unless
+        the thread groups its commits (SQLite's lane, `SqliteStore.commit_groups`) and that
+        transaction waits in its open group."""
+        fn()
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

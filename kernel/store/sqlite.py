@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -16,9 +18,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import DBAPIError
 
-from kernel.errors import ConfigError
+from kernel.errors import ConfigError, StoreUnavailable
 from kernel.store.base import SqlStore, end_transaction
 from kernel.store.sql import Tx
+
+log = logging.getLogger(__name__)
 
 # SQLite's messages for a file that cannot be written or read right now (sqlite3 has no error codes
 # before 3.11's sqlite_errorcode, and these texts are stable across SQLite versions).
@@ -85,6 +89,8 @@ class SqliteStore(SqlStore):
         self._write_lock = threading.Lock()
         self._locks: dict[str, list[Any]] = {}
         self._locks_guard = threading.Lock()
+        # The open commit group of each thread that groups its commits (see `commit_groups`).
+        self._grouping = threading.local()
         super().__init__(engine, url)
 
     @staticmethod
@@ -102,8 +108,71 @@ class SqliteStore(SqlStore):
 
     @contextmanager
     def _begin(self, write: bool) -> Iterator[Connection]:
+        g = self._group()
+        if g is not None and g.conn is not None:
+            # A read on a thread whose commit group is open sees what the group wrote (its own
+            # use case's writes among them), so its answer waits for the group's commit too.
+            g.members.add(g.token)
+            yield g.conn
+            return
         with self._connection() as conn, conn.begin():
             yield conn
+
+    # -- group commit -----------------------------------------------------------------------
+    def commit_groups(self) -> CommitGroups:
+        """The handle a lane thread groups its commits through (kernel/api/threads.py)."""
+        return CommitGroups(self)
+
+    def _group(self) -> _Group | None:
+        return getattr(self._grouping, "group", None)
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        g = self._group()
+        if g is not None and g.conn is not None and g.token in g.members:
+            g.after.append(fn)
+        else:
+            fn()
+
+    def _try_keys(self, g: _Group, keys: list[str]) -> bool:
+        """Take every keyed lock without waiting, held by the group until it commits; False (and
+        none taken) when another holder has one, or the group itself does (the same execution
+        again in one group: the second must see the first committed)."""
+        with ExitStack() as taken:
+            for key in keys:
+                if not taken.enter_context(self._keyed_lock(key, blocking=False)):
+                    return False
+            assert g.stack is not None
+            g.stack.enter_context(taken.pop_all())
+        return True
+
+    @contextmanager
+    def _joined(self, g: _Group) -> Iterator[Tx]:
+        """A transaction inside the open group: a savepoint on its connection."""
+        conn = g.conn
+        assert conn is not None
+        raw: Any = conn.connection.driver_connection
+        g.members.add(g.token)
+        g.savepoints += 1
+        name = f"regent_g{g.savepoints}"
+        try:
+            raw.execute(f"SAVEPOINT {name}")
+            try:
+                yield Tx(self, conn)
+            except BaseException:
+                if raw.in_transaction:
+                    raw.execute(f"ROLLBACK TO {name}")
+                    raw.execute(f"RELEASE {name}")
+                raise
+            raw.execute(f"RELEASE {name}")
+        except Exception as exc:
+            if not raw.in_transaction or self.unavailable_reason(exc) is not None:
+                # SQLite ended the group's transaction itself (an I/O error, a full disk): what
+                # the group wrote is gone, so every use case in it fails.
+                g.discard(exc)
+            reason = self.unavailable_reason(exc)
+            if reason is None:
+                raise
+            raise StoreUnavailable(f"store unavailable: {reason}") from exc
 
     @contextmanager
     def transaction(self, lock: str | None = None, session: str | None = None) -> Iterator[Tx]:
@@ -118,6 +187,17 @@ class SqliteStore(SqlStore):
         bookkeeping cost more than all the statements together. The commit happens before the
         write lock is released.
         """
+        g = self._group()
+        if g is not None and g.conn is not None:
+            keys = [lock] if lock is not None else []
+            if session is None and self._try_keys(g, keys):
+                with self._joined(g) as tx:
+                    yield tx
+                return
+            # A lock someone holds (waiting for it with the write lock held could deadlock
+            # against its holder), or a session admission (which takes more locks as it goes):
+            # commit the group first, then begin as usual.
+            g.flush()
         with ExitStack() as stack:
             if session is not None:  # execution ids are UUIDs: the prefix keeps the keys apart
                 stack.enter_context(self._keyed_lock(f"session:{session}"))
@@ -126,32 +206,48 @@ class SqliteStore(SqlStore):
             conn = stack.enter_context(self._connection())
             raw = conn.connection.driver_connection
             raw.execute("BEGIN")  # type: ignore[union-attr]
+            wrote = False
 
             def escalate() -> Connection:
                 # The same connection switches to a write transaction: a transaction never holds
                 # two pooled connections, so a full pool cannot deadlock against the write lock.
+                nonlocal wrote
                 end_transaction(conn, commit=True)
                 stack.enter_context(self._write_lock)
                 raw.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+                wrote = True
                 return conn
 
             try:
-                yield Tx(self, conn, escalate, lock_more=lambda eid: stack.enter_context(self._keyed_lock(eid)))
+                yield Tx(self, conn, escalate, lock_more=lambda eid: self._lock_more(stack, eid))
             except BaseException:
                 end_transaction(conn, commit=False)
                 raise
+            if g is not None and wrote:
+                # On a grouping thread the commit waits: the group keeps the transaction, its
+                # connection, the write lock and the execution locks until it commits.
+                g.open(stack.pop_all(), conn)
+                return
             end_transaction(conn, commit=True)
 
+    def _lock_more(self, stack: ExitStack, key: str) -> None:
+        stack.enter_context(self._keyed_lock(key))
+
     @contextmanager
-    def _keyed_lock(self, key: str) -> Iterator[None]:
+    def _keyed_lock(self, key: str, blocking: bool = True) -> Iterator[bool]:
+        """Hold the lock of `key` for the block; with blocking=False, yields whether it was free."""
         with self._locks_guard:
             entry = self._locks.get(key)
             if entry is None:
                 entry = self._locks[key] = [threading.Lock(), 0]
             entry[1] += 1
         try:
-            with entry[0]:
-                yield
+            got = entry[0].acquire(blocking)
+            try:
+                yield got
+            finally:
+                if got:
+                    entry[0].release()
         finally:
             with self._locks_guard:
                 entry[1] -= 1
@@ -184,3 +280,107 @@ class SqliteStore(SqlStore):
             os.close(self._lock_fd)
         except OSError:
             pass
+
+
+class _Group:
+    """One thread's open commit group: the write transaction several use cases ran in, with what
+    it holds (connection, write lock, execution locks) and what waits for its commit."""
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None  # None: no group open
+        self.stack: ExitStack | None = None
+        self.token: Any = None  # the use case running now (the lane's job)
+        self.members: set[Any] = set()  # use cases whose writes or reads are in the open group
+        self.after: list[Callable[[], None]] = []  # after_commit callbacks of the open group
+        self.failed: dict[Any, BaseException] = {}  # use cases whose group failed to commit
+        self.savepoints = 0
+
+    def open(self, stack: ExitStack, conn: Connection) -> None:
+        self.stack, self.conn = stack, conn
+        self.members.add(self.token)
+
+    def _close(self) -> tuple[ExitStack, Connection, set[Any], list[Callable[[], None]]]:
+        assert self.stack is not None and self.conn is not None
+        out = (self.stack, self.conn, self.members, self.after)
+        self.stack, self.conn, self.members, self.after, self.savepoints = None, None, set(), [], 0
+        return out
+
+    def flush(self) -> None:
+        """Commit the open group (one fsync for all of it), release what it holds, then run its
+        after-commit callbacks; when the commit fails, every member fails with that error."""
+        if self.conn is None:
+            return
+        stack, conn, members, after = self._close()
+        try:
+            with stack:  # the connection's context turns a lost database into StoreUnavailable
+                try:
+                    end_transaction(conn, commit=True)
+                except BaseException:
+                    # A failed COMMIT can leave the transaction open, and SQLAlchemy, which did
+                    # not open it, would hand the connection back to the pool unreset.
+                    with contextlib.suppress(Exception):
+                        conn.connection.driver_connection.rollback()  # type: ignore[union-attr]
+                    with contextlib.suppress(Exception):
+                        conn.rollback()  # and SQLAlchemy's own state, if it had joined
+                    raise
+        except BaseException as exc:
+            for m in members:
+                self.failed.setdefault(m, exc)
+            return
+        for fn in after:
+            try:
+                fn()
+            except Exception:
+                log.exception("an after-commit callback failed")
+
+    def discard(self, exc: BaseException) -> None:
+        """The group's transaction is gone: fail its members, drop the connection."""
+        if self.conn is None:
+            return
+        stack, _conn, members, _after = self._close()
+        for m in members:
+            self.failed.setdefault(m, exc)
+        # The connection's context re-raises (translated); the members have the error already.
+        with contextlib.suppress(BaseException):
+            stack.__exit__(type(exc), exc, exc.__traceback__)
+
+
+class CommitGroups:
+    """Group commit for the threads that run use cases back to back (the lane).
+
+    A thread that has called `attach` keeps its write transaction open after a use case ends:
+    the next use cases it runs join it as savepoints, and `flush` commits them all with one
+    fsync. Nothing is weaker: a use case's answer is released only once the commit that holds
+    its writes has returned (`pending`), and a failed commit fails every use case in it
+    (`failure`). Other threads see the group's writes when it commits, as any transaction's.
+    """
+
+    def __init__(self, store: SqliteStore):
+        self.store = store
+
+    def attach(self) -> None:
+        self.store._grouping.group = _Group()
+
+    def _g(self) -> _Group:
+        g = self.store._group()
+        assert g is not None, "attach() first"
+        return g
+
+    def start(self, token: Any) -> None:
+        """The use case `token` runs now on this thread (None: none)."""
+        self._g().token = token
+
+    def is_open(self) -> bool:
+        return self._g().conn is not None
+
+    def pending(self, token: Any) -> bool:
+        """Does `token`'s answer wait for the open group's commit?"""
+        g = self._g()
+        return g.conn is not None and token in g.members
+
+    def failure(self, token: Any) -> BaseException | None:
+        """The error of the commit that held `token`'s writes, if it failed (taken once)."""
+        return self._g().failed.pop(token, None)
+
+    def flush(self) -> None:
+        self._g().flush()
