@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     # Requests
     max_body_bytes: int = 10 * 1024 * 1024
     signature_window_seconds: int = 300
+    # Refuse signed agent mutations without a Rebuno-Nonce (the official SDK sends none; docs/api.md)
+    require_request_nonce: bool = False
+    # Signed mutations a replica remembers to refuse their replay; when full, the oldest is dropped
+    # and the accepted window narrows (fail closed; docs/api.md, Replayed requests)
+    replay_cache_size: int = Field(default=200_000, ge=1, le=10_000_000)
     # Comment frames on an idle GET /v0/executions/{id}/stream, so proxies keep it open
     stream_keepalive_seconds: float = Field(default=15.0, gt=0)
     # How long a replica keeps an agent's secret after reading it for a signature check

@@ -1,7 +1,7 @@
 """R5 auth matrix: every route of the served document, every way to get credentials wrong.
 
 Agent routes: no signature, a wrong one, a stale timestamp, a replay of a request already
-accepted, another agent's valid signature, and the agent's own signature with another
+accepted (with and without a nonce, docs/api.md), another agent's valid signature, and the agent's own signature with another
 execution's lease. Bearer routes: none, a wrong token, an empty one, another scheme, and API keys
 that are revoked, expired (where keys can expire) or lack the route's scope. Every one must be
 401 or 403, and no answer, refused or not, may contain an agent secret, the bootstrap token, a
@@ -91,6 +91,11 @@ _BODIES = {
 }
 
 
+# Agent mutations whose nonce-less byte-identical repeat the kernel accepts (docs/api.md).
+REPEATABLE_WITHOUT_NONCE = frozenset({"/v0/executions/{execution_id}/steps", "/v0/executions/{execution_id}/suspend",
+                                      "/v0/agents/{agent_id}/metadata"})
+
+
 def _valid_body(method: str, template: str) -> bytes:
     if method not in ("POST", "PUT"):
         return b""
@@ -99,7 +104,7 @@ def _valid_body(method: str, template: str) -> bytes:
 
 def run(tmp: Path) -> Outcome:
     out = Outcome("R5", "auth matrix (SQLite)",
-                  tried="every route × missing/wrong/stale/replayed/other agent's/other execution's "
+                  tried="every route × missing/wrong/stale/replayed (with and without a nonce)/other agent's/other execution's "
                         "signatures and missing/wrong/empty/other-scheme tokens, revoked/expired/under-scoped keys")
     started = time.monotonic()
     db_url = f"sqlite:///{tmp}/r5.db"
@@ -185,12 +190,19 @@ def run(tmp: Path) -> Outcome:
                         send("other execution's signature", method, path, body,
                              {**ctype, **agent_headers(method, other_path, body, lease2 if use else None,
                                                        agent_id="auth")})
-                    if agent and method != "GET" and template.startswith("/v0/executions/"):
-                        # A replay: the same signed bytes twice; only the second is judged.
-                        h = {**ctype, **agent_headers(method, path, body, use, agent_id="auth")}
-                        with httpx.Client(base_url=k.url, timeout=30) as c:
-                            c.request(method, path, content=body, headers=h)
-                        send("replayed", method, path, body, h)
+                    if agent and method != "GET":
+                        # A replay: the same signed bytes twice; only the second is judged. A step
+                        # submit (and metadata, suspend) without a nonce may repeat by design: the
+                        # official SDK sends those bytes twice for two identical steps within a
+                        # second (docs/api.md, Replayed requests); with a nonce, any repeat is refused.
+                        repeatable = template in REPEATABLE_WITHOUT_NONCE
+                        for case, nonce in (("replayed", None), ("replayed with a nonce", secrets.token_urlsafe(16))):
+                            if repeatable and nonce is None:
+                                continue
+                            h = {**ctype, **agent_headers(method, path, body, use, agent_id="auth", nonce=nonce)}
+                            with httpx.Client(base_url=k.url, timeout=30) as c:
+                                c.request(method, path, content=body, headers=h)
+                            send(case, method, path, body, h)
                 if not agent:
                     send("no token", method, path, body, ctype)
                     send("wrong token", method, path, body, {**ctype, "Authorization": "Bearer not-the-token"})

@@ -62,19 +62,27 @@ class Receiver:
         self.server.server_close()
 
 
-def sign(secret: str, method: str, target: str, ts: str, did: str, attempt: str, body: bytes) -> str:
-    msg = f"rebuno-request-v1\n{method}\n{target}\n{ts}\n{did}\n{attempt}\n".encode() + body
+def sign(secret: str, method: str, target: str, ts: str, did: str, attempt: str, body: bytes,
+         nonce: str | None = None) -> str:
+    """The v1 signature; with a nonce, Regent's nonce message (docs/api.md, Replayed requests)."""
+    if nonce is None:
+        msg = f"rebuno-request-v1\n{method}\n{target}\n{ts}\n{did}\n{attempt}\n".encode() + body
+    else:
+        msg = f"rebuno-request-v1-nonce\n{method}\n{target}\n{ts}\n{did}\n{attempt}\n{nonce}\n".encode() + body
     return "v1=" + hmac.new(secret.encode(), msg, hashlib.sha256).hexdigest()
 
 
 def agent_headers(method: str, target: str, body: bytes, lease: tuple[str, int] | None,
-                  agent_id: str = AGENT, secret: str = SECRET, ts: int | None = None) -> dict[str, str]:
+                  agent_id: str = AGENT, secret: str = SECRET, ts: int | None = None,
+                  nonce: str | None = None) -> dict[str, str]:
     stamp = str(ts if ts is not None else int(time.time()))
     did, att = (lease[0], str(lease[1])) if lease else ("", "")
     h = {"Rebuno-Agent-Id": agent_id, "Rebuno-Timestamp": stamp,
-         "Rebuno-Signature": sign(secret, method, target, stamp, did, att, body)}
+         "Rebuno-Signature": sign(secret, method, target, stamp, did, att, body, nonce)}
     if lease:
         h["Rebuno-Dispatch-Id"], h["Rebuno-Dispatch-Attempt"] = did, att
+    if nonce is not None:
+        h["Rebuno-Nonce"] = nonce
     return h
 
 

@@ -3,8 +3,4 @@ item, where it is tracked). A check whose every failure is listed here holds, sh
 with the reason; anything else still fails the run. Remove an entry when its fix lands (the run
 says when an entry no longer matched anything)."""
 
-KNOWN_OPEN: list[tuple[str, str]] = [
-    # Byte-identical signed requests within the timestamp window are accepted: the v1 signature
-    # has no nonce, and an agent may legitimately repeat a step (a new occurrence) within a second.
-    ("[replayed]", "issue 18 §0: signed-request replay cache (needs a nonce; not landed)"),
-]
+KNOWN_OPEN: list[tuple[str, str]] = []

@@ -88,8 +88,9 @@ class AgentClient:
                             {"kind": kind, "target": target, "args": args, "idempotency": idempotency,
                              "resources": []})
 
-    def complete_step(self, execution_id: str, step_id: str, result: Any) -> httpx.Response:
-        return self.request("POST", f"/v0/executions/{execution_id}/steps/{step_id}/complete", {"result": result})
+    def complete_step(self, execution_id: str, step_id: str, result: Any, *, ts: int | None = None) -> httpx.Response:
+        return self.request("POST", f"/v0/executions/{execution_id}/steps/{step_id}/complete", {"result": result},
+                            ts=ts)
 
     def fail_step(self, execution_id: str, step_id: str, error: Any) -> httpx.Response:
         return self.request("POST", f"/v0/executions/{execution_id}/steps/{step_id}/fail", {"error": error})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,6 +113,8 @@ def _hammer(kernels: list[KernelProcess], lease: Delivery) -> tuple[set[str], se
     errors: list[str] = []
     lock = threading.Lock()
 
+    signed_at = int(time.time())
+
     def worker(w: int) -> None:
         client = AgentClient(kernels[w % len(kernels)].url, AGENT, SECRET).lease(lease.dispatch_id, lease.attempt)
         try:
@@ -129,7 +132,9 @@ def _hammer(kernels: list[KernelProcess], lease: Delivery) -> tuple[set[str], se
             mine = [sid for ids in same_ids for sid in ids] + own_ids[w]
             random.Random(w).shuffle(mine)
             for sid in mine:
-                r = client.complete_step(eid, sid, {"sid": sid})
+                # Each worker signs with a timestamp of its own: the same bytes from two workers
+                # would be one request replayed, refused 401 (docs/api.md, Replayed requests).
+                r = client.complete_step(eid, sid, {"sid": sid}, ts=signed_at - 10 * w)
                 body = r.json() if r.status_code == 200 else {}
                 if body.get("decision") == "recorded":
                     with lock:

@@ -239,6 +239,6 @@ def test_http_route_applies_the_signature_rules(server: ServerThread, running: R
             if tamper:
                 headers = tamper(headers)
             r = c.post(path, headers=headers)
-            assert r.status_code == want, case
+            assert r.status_code == want, (case, r.text)
             if want == 401:
                 assert r.json()["code"] == "unauthorized", case

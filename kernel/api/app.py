@@ -23,6 +23,8 @@ def create_app(
     dev: bool = False,
     max_body_bytes: int = 10 * 1024 * 1024,
     signature_window_seconds: int = 300,
+    require_request_nonce: bool = False,
+    replay_cache_size: int = 200_000,
     lifespan_hooks: list[Callable[[FastAPI], Any]] | None = None,
     registry: CollectorRegistry | None = None,
 ) -> FastAPI:
@@ -45,7 +47,8 @@ def create_app(
     app.state.kernel = kernel
     app.state.auth = Authenticator(
         kernel, bearer_token=bearer_token, dev=dev, max_body_bytes=max_body_bytes,
-        signature_window_seconds=signature_window_seconds,
+        signature_window_seconds=signature_window_seconds, require_nonce=require_request_nonce,
+        replay_cache_size=replay_cache_size,
     )
     app.state.metrics_registry = registry or CollectorRegistry()
     app.state.metrics = ApiMetrics(app.state.metrics_registry, kernel)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from starlette.requests import Request
 
@@ -14,6 +15,7 @@ from kernel.core import agents, api_keys
 from kernel.core.api_keys import SCOPES
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
+from kernel.core.replays import ReplayGuard, SharedReplays
 from kernel.errors import Forbidden, Unauthorized
 from kernel.signing import verify_request
 
@@ -27,7 +29,17 @@ _AGENT_HEADERS = {
     b"rebuno-timestamp": 2,
     b"rebuno-dispatch-id": 3,
     b"rebuno-dispatch-attempt": 4,
+    b"rebuno-nonce": 5,
 }
+
+# What a byte-identical repeat of a signed request may do (docs/api.md, Replayed requests):
+# "read": nothing is recorded; "once": a repeat is refused 401; "repeatable": a repeat is refused
+# only when the request carries a nonce, because the official SDK sends none and legitimately
+# repeats these bytes within one second (two identical steps are two occurrences; metadata and
+# suspend change nothing the second time).
+Repeat = Literal["read", "once", "repeatable"]
+
+REPLAYED = "unauthorized: request already seen (sign each request anew: a new timestamp or Rebuno-Nonce)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +54,17 @@ class AgentCall:
 
 class Authenticator:
     def __init__(self, kernel: Kernel, *, bearer_token: str | None, dev: bool, max_body_bytes: int,
-                 signature_window_seconds: int = 300):
+                 signature_window_seconds: int = 300, require_nonce: bool = False,
+                 replay_cache_size: int = 200_000):
         self.kernel = kernel
         self._token = bearer_token.encode() if bearer_token else None
         self.dev = dev
         self.max_body_bytes = max_body_bytes
         self.window = signature_window_seconds
+        self.require_nonce = require_nonce
+        self.replays = ReplayGuard(signature_window_seconds, replay_cache_size)
+        # Replicas share a PostgreSQL database; a SQLite file has one kernel process (flock).
+        self.shared = SharedReplays(signature_window_seconds) if kernel.store.dialect == "postgresql" else None
 
     # -- bearer ---------------------------------------------------------------------------
     def principal(self, request: Request, *scopes: str) -> Principal:
@@ -84,7 +101,7 @@ class Authenticator:
         return principal
 
     # -- agent signature ------------------------------------------------------------------
-    async def agent(self, request: Request) -> AgentCall:
+    async def agent(self, request: Request, repeat: Repeat = "read") -> AgentCall:
         # One pass over the raw headers (ASGI names are lower-case bytes), as Starlette decodes them.
         found: list[str | None] = [None] * len(_AGENT_HEADERS)
         repeated = False
@@ -95,9 +112,11 @@ class Authenticator:
                     found[i] = value.decode("latin-1")
                 elif i:  # a second agent id is ignored, as before; any other header twice is refused
                     repeated = True
-        agent_id, signature, timestamp, dispatch_id, dispatch_attempt = found
+        agent_id, signature, timestamp, dispatch_id, dispatch_attempt, nonce = found
         if not agent_id or signature is None or repeated:
             raise Unauthorized()
+        if nonce is None and self.require_nonce and repeat != "read":
+            raise Unauthorized("unauthorized: this kernel requires Rebuno-Nonce on agent mutations")
         try:
             body = await read_body(request, self.max_body_bytes)
         except BodyTooLarge:
@@ -107,6 +126,8 @@ class Authenticator:
         qs = request.scope.get("query_string", b"")
         if qs:
             target += "?" + qs.decode("latin-1")
+
+        now = int(time.time())
 
         def verify(secret: str) -> bool:
             return verify_request(
@@ -118,8 +139,9 @@ class Authenticator:
                 dispatch_id=dispatch_id or "",
                 dispatch_attempt=dispatch_attempt or "",
                 body=body,
-                now_unix=int(time.time()),
+                now_unix=now,
                 window_seconds=self.window,
+                nonce=nonce,
             )
 
         secret = self.kernel.secrets.get(agent_id)
@@ -130,7 +152,18 @@ class Authenticator:
             ok = secret is not None and verify(secret)
         if not ok:
             raise Unauthorized()
+        if repeat == "once" or (repeat == "repeatable" and nonce is not None):
+            await self._first_sight(agent_id, int(timestamp or "0"), signature, now)
         return AgentCall(agent_id, body, dispatch_id, dispatch_attempt)
+
+    async def _first_sight(self, agent_id: str, timestamp: int, signature: str, now: int) -> None:
+        """Refuse a signed mutation this replica, or any replica sharing the store, accepted before."""
+        if not self.replays.first_sight(agent_id, timestamp, signature, now):
+            raise Unauthorized(REPLAYED)
+        if self.shared is not None and not await call(self.shared.first_sight, self.kernel, agent_id, timestamp,
+                                                      signature):
+            self.replays.refused += 1
+            raise Unauthorized(REPLAYED)
 
 
 def is_agent_request(request: Request) -> bool:

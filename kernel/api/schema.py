@@ -131,7 +131,9 @@ def install(app: FastAPI) -> None:
         doc.setdefault("components", {})["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer"},
             "agentSignature": {"type": "apiKey", "in": "header", "name": "Rebuno-Signature",
-                               "description": "the v1 request signature (docs/api.md, Authentication)"},
+                               "description": "the v1 request signature (docs/api.md, Authentication); an "
+                                              "optional signed Rebuno-Nonce makes every repeat of a mutation "
+                                              "a 401 (docs/api.md, Replayed requests)"},
         }
         app.openapi_schema = doc
         return doc

@@ -118,6 +118,14 @@ class SqlStore:
     def upsert(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> None:
         raise NotImplementedError
 
+    def insert_new(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> bool:
+        """INSERT … ON CONFLICT (key) DO NOTHING; whether a row was inserted (by RETURNING: the
+        driver's rowcount is -1 here on PostgreSQL)."""
+        keys = list(key)
+        stmt = (type(self).insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
+                .returning(table.c[keys[0]]))
+        return conn.execute(stmt).first() is not None
+
     def upsert_max(
         self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
     ) -> None:

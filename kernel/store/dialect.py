@@ -18,6 +18,10 @@ class Dialect(Protocol):
 
     def upsert(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> None: ...
 
+    def insert_new(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> bool:
+        """Insert unless a row with the same key exists; whether a row was inserted."""
+        ...
+
     def upsert_max(
         self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
     ) -> None: ...

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.schema import CreateTable
 
 from kernel.store import tables as t
 from kernel.store.base import SqlStore
@@ -195,6 +196,21 @@ def _decision_journal(conn: Connection) -> None:
         conn.execute(text("CREATE INDEX ix_decisions_execution ON decisions (execution_id, decided_at, id)"))
 
 
+def _request_signatures(conn: Connection) -> None:
+    # 009: the signed agent mutations the replicas accepted (the shared replay guard). UNLOGGED on
+    # PostgreSQL: written on every mutation, worth no WAL; a server crash empties it, which reopens
+    # replays for at most one signature window (docs/deployment.md).
+    table = t.request_signatures
+    if inspect(conn).has_table(table.name):
+        return
+    ddl = str(CreateTable(table).compile(dialect=conn.dialect))
+    if conn.dialect.name == "postgresql":
+        ddl = ddl.replace("CREATE TABLE", "CREATE UNLOGGED TABLE", 1)
+    conn.execute(text(ddl))
+    for index in table.indexes:
+        index.create(conn)
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
@@ -204,6 +220,7 @@ MIGRATIONS: list[Migration] = [
     Migration(6, "step outcome seqs (fork lineage)", _step_outcome_seq),
     Migration(7, "hourly decision counts for the audit chart", _decision_rollup),
     Migration(8, "decision journal, judge on decision records", _decision_journal),
+    Migration(9, "request signatures seen (the shared replay guard)", _request_signatures),
 ]
 LATEST = MIGRATIONS[-1].version
 

@@ -132,6 +132,16 @@ class DispatchQueries:
             ).all()
         return [(did, str(locked_at), ms / 1000 if ms else default_lease_seconds) for did, locked_at, ms in rows]
 
+    # -- signed requests seen (the shared replay guard) ----------------------------------
+    def record_request_signature(self, agent_id: str, timestamp: int, signature: str, expires_at: datetime) -> bool:
+        """Whether this (agent, timestamp, signature) is new; recorded if so."""
+        values = {"agent_id": agent_id, "timestamp": timestamp, "signature": signature, "expires_at": expires_at}
+        return self.store.insert_new(self.w, t.request_signatures, values, key=("agent_id", "timestamp", "signature"))
+
+    def purge_request_signatures(self, before: datetime) -> int:
+        c = t.request_signatures.c
+        return int(self.w.execute(delete(t.request_signatures).where(c.expires_at < before)).rowcount or 0)
+
     # -- approvals ------------------------------------------------------------------------
     def insert_approval(self, a: Approval) -> None:
         self.w.execute(

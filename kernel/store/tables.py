@@ -453,6 +453,19 @@ class PolicyEventRow(SQLModel, table=True):
     occurred_at: datetime = _ts()
 
 
+class RequestSignatureRow(SQLModel, table=True):
+    """Signed agent mutations the replicas accepted, kept until their timestamp leaves the signature
+    window: the replay guard they share (docs/api.md, Replayed requests). UNLOGGED on PostgreSQL."""
+
+    __tablename__ = "request_signatures"
+    __table_args__ = (Index("ix_request_signatures_expires", "expires_at"),)
+
+    agent_id: str = Field(sa_column=Column(String(200), primary_key=True))
+    timestamp: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    signature: str = Field(sa_column=Column(String(80), primary_key=True))
+    expires_at: datetime = _ts()
+
+
 class SchemaVersionRow(SQLModel, table=True):
     __tablename__ = "regent_schema_version"
 
@@ -485,6 +498,7 @@ policy_shadows = PolicyShadowRow.__table__  # type: ignore[attr-defined]
 shadow_tallies = ShadowTallyRow.__table__  # type: ignore[attr-defined]
 shadow_disagreements = ShadowDisagreementRow.__table__  # type: ignore[attr-defined]
 policy_events = PolicyEventRow.__table__  # type: ignore[attr-defined]
+request_signatures = RequestSignatureRow.__table__  # type: ignore[attr-defined]
 schema_version = SchemaVersionRow.__table__  # type: ignore[attr-defined]
 fork_bundles = ForkBundleRow.__table__  # type: ignore[attr-defined]
 resources = ResourceRow.__table__  # type: ignore[attr-defined]

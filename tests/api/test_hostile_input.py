@@ -11,6 +11,7 @@ and NUL losslessly: what is read back is what was sent.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -113,7 +114,9 @@ def test_agent_completes_a_step_whose_result_holds_a_lone_surrogate(
     sid = agent_client.submit(eid, "fs.list", {"dir": LONE}).json()["step_id"]
     result = {"files": ["caf\udce9.txt", "a\x00"]}
     assert agent_client.complete_step(eid, sid, result).json() == {"decision": "recorded"}
-    assert agent_client.complete_step(eid, sid, result).json() == {"decision": "replay", "result": result}
+    # Re-signed (a later timestamp): the same bytes again are refused as a replay (docs/api.md).
+    again = agent_client.complete_step(eid, sid, result, ts=int(time.time()) + 1)
+    assert again.json() == {"decision": "replay", "result": result}
     assert httpx.get(f"{server.url}/v0/executions/{eid}/steps/{sid}").json()["result"] == result
     events = httpx.get(f"{server.url}/v0/executions/{eid}/events").json()
     assert events and all(e["execution_id"] == eid for e in events)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,7 +28,8 @@ def test_metrics_count_step_answers_errors_and_show_the_lane(
     first = agent_client.submit(eid, "shell.run", {"cmd": "ls"}).json()
     assert first["decision"] == "proceed"
     assert agent_client.complete_step(eid, first["step_id"], {"out": "a"}).json()["decision"] == "recorded"
-    again = agent_client.complete_step(eid, first["step_id"], {"out": "a"}).json()
+    # Re-signed (a later timestamp): the same bytes again are refused as a replay (docs/api.md).
+    again = agent_client.complete_step(eid, first["step_id"], {"out": "a"}, ts=int(time.time()) + 1).json()
     assert again["decision"] == "replay"
     stale = agent_client.lease(did, att + 1).submit(eid, "shell.run", {"cmd": "pwd"})
     assert stale.status_code == 409

@@ -9,6 +9,7 @@ SIGKILL the process at a known point.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -104,7 +105,44 @@ async def bulk() -> dict[str, Any]:
     return {"result": await effect("work")}
 
 
-HANDLERS = {"crash": crash, "llm": llm, "ticks": ticks, "gated": gated, "bulk": bulk}
+_FLAKY: set[str] = set()
+
+
+@rebuno.tool
+async def flaky(name: str) -> str:
+    """Raises the first time per execution, so the handler retries it."""
+    eid = rebuno.execution().id
+    if eid not in _FLAKY:
+        _FLAKY.add(eid)
+        raise RuntimeError("first call fails")
+    _append(EFFECTS, f"{eid} {name}")
+    return f"did {name}"
+
+
+async def twins() -> dict[str, Any]:
+    """Pairs of identical calls the official SDK signs as the same bytes within one second: two
+    local steps back to back, two tool calls at once, a tool call retried after its body raised."""
+    first = await rebuno.step("token", lambda: uuid.uuid4().hex)
+    second = await rebuno.step("token", lambda: uuid.uuid4().hex)
+    both = await asyncio.gather(effect("twin"), effect("twin"))
+    with contextlib.suppress(rebuno.ToolError):
+        await flaky("retry")
+    retried = await flaky("retry")
+    return {"tokens": [first, second], "twins": list(both), "retried": retried}
+
+
+HANDLERS = {"crash": crash, "llm": llm, "ticks": ticks, "gated": gated, "bulk": bulk, "twins": twins}
+
+
+async def _log_sent(request: Any) -> None:
+    """CAPTURE=1: one line per request the SDK sends, with the exact bytes (to replay them)."""
+    log("sent", method=request.method, path=request.url.raw_path.decode("ascii"),
+        headers={k: v for k, v in request.headers.items() if k.lower().startswith("rebuno-")},
+        body=request.content.decode("utf-8"))
+
+
+if os.environ.get("CAPTURE") == "1":
+    agent._http.event_hooks["request"].append(_log_sent)
 
 
 class WebhookLog:

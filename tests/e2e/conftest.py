@@ -212,8 +212,8 @@ def dev_kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevKernel]:
 
 
 @contextlib.contextmanager
-def dev_kernel_for(agent_ids: tuple[str, ...], tmp: Path, **env: str) -> Iterator[DevKernel]:
-    """A `regent dev` on a SQLite file in `tmp`, provisioned with `agent_ids` on free ports."""
+def dev_kernel_for(agent_ids: tuple[str, ...], tmp: Path, db_url: str | None = None, **env: str) -> Iterator[DevKernel]:
+    """A `regent dev` on a SQLite file in `tmp` (or `db_url`), provisioned with `agent_ids` on free ports."""
     ports = {a: free_port() for a in agent_ids}
     lines = ["agents:"]
     for agent_id, port in ports.items():
@@ -221,7 +221,7 @@ def dev_kernel_for(agent_ids: tuple[str, ...], tmp: Path, **env: str) -> Iterato
                   "    secret: ${E2E_SECRET}"]
     manifest = tmp / "regent.yaml"
     manifest.write_text("\n".join(lines) + "\n")
-    proc = KernelProc("dev", free_port(), f"sqlite:///{tmp}/regent.db", manifest, tmp / "kernel.out",
+    proc = KernelProc("dev", free_port(), db_url or f"sqlite:///{tmp}/regent.db", manifest, tmp / "kernel.out",
                       E2E_SECRET=SECRET, **{**DEV_KERNEL_ENV, **env})
     k = DevKernel(proc, ports, tmp)
     try:

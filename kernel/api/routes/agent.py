@@ -97,7 +97,7 @@ class MetadataBody(Strict):
 @_hot("/v0/executions/{execution_id}/steps",
              openapi_extra=schema.operation(SubmitBody, answer=schema.DECISION, overrides=_SUBMIT_ENUMS))
 async def submit_step(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request)
+    a = await auth_of(request).agent(request, "repeatable")
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(SubmitBody, a.body, lexical=True)
     if body.kind not in _KINDS:
@@ -125,7 +125,7 @@ async def submit_step(execution_id: str, request: Request) -> Response:
 
 
 async def _outcome(request: Request, execution_id: str, step_id: str, failed: bool) -> Response:
-    a = await auth_of(request).agent(request)
+    a = await auth_of(request).agent(request, "once")
     eid = uuid_param(execution_id, "execution id")
     if failed:
         fb = parse_model(FailStepBody, a.body)
@@ -155,7 +155,7 @@ async def fail_step(execution_id: str, step_id: str, request: Request) -> Respon
 
 @_hot("/v0/executions/{execution_id}/heartbeat", openapi_extra=schema.operation(ok=204))
 async def heartbeat(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request)
+    a = await auth_of(request).agent(request, "once")
     eid = uuid_param(execution_id, "execution id")
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
     await call(executions.heartbeat, kernel_of(request), a.agent_id, eid, did, attempt)
@@ -165,7 +165,7 @@ async def heartbeat(execution_id: str, request: Request) -> Response:
 @router.post("/v0/executions/{execution_id}/complete",
              openapi_extra=schema.operation(CompleteExecutionBody, body_required=False, ok=204))
 async def complete_execution(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request)
+    a = await auth_of(request).agent(request, "once")
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(CompleteExecutionBody, a.body, allow_empty=True)
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
@@ -176,7 +176,7 @@ async def complete_execution(execution_id: str, request: Request) -> Response:
 
 @router.post("/v0/executions/{execution_id}/suspend")
 async def suspend(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request)
+    a = await auth_of(request).agent(request, "repeatable")
     eid = uuid_param(execution_id, "execution id")
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
     suspended = await call(sessions.suspend, kernel_of(request), a.agent_id, eid, did, attempt)
@@ -186,7 +186,7 @@ async def suspend(execution_id: str, request: Request) -> Response:
 @router.post("/v0/executions/{execution_id}/fail",
              openapi_extra=schema.operation(FailExecutionBody, body_required=False, ok=204))
 async def fail_execution(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request)
+    a = await auth_of(request).agent(request, "once")
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(FailExecutionBody, a.body, allow_empty=True)
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
@@ -198,7 +198,7 @@ async def fail_execution(execution_id: str, request: Request) -> Response:
 @router.put("/v0/agents/{agent_id}/metadata",
             openapi_extra=schema.operation(MetadataBody, body_required=False, ok=204))
 async def put_metadata(agent_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request)
+    a = await auth_of(request).agent(request, "repeatable")
     if a.agent_id != agent_param(agent_id):
         raise Forbidden("forbidden: an agent may only describe itself")
     body = parse_model(MetadataBody, a.body, allow_empty=True)

@@ -37,7 +37,7 @@ def broker_of(request: Request) -> StreamBroker:
 
 @router.post("/v0/executions/{execution_id}/steps/{step_id}/stream", openapi_extra=schema.operation(DeltaBody, ok=204))
 async def publish_delta(execution_id: str, step_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request)
+    a = await auth_of(request).agent(request, "once")
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(DeltaBody, a.body)
     # surrogatepass: a lone surrogate in `data` is relayed as its JSON escape (docs/stream.md).
