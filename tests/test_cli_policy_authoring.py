@@ -260,3 +260,66 @@ def test_bracketed_text_in_warnings_and_names_is_printed_as_written(tmp_path: Pa
     assert 'arguments.c.regex "[a-z]+" is not anchored' in capsys.readouterr().out
     assert main(["policy", "test", str(p)]) == 0
     assert "x [0-9] y" in capsys.readouterr().out
+
+
+HELPER_TESTS = """package helper_test
+import rego.v1
+import data.helper
+
+test_curl_is_risky if {
+	helper.risky with input.args.command as "curl"
+}
+
+test_decision_when_risky_is_mocked if {
+	d := data.helper.decision with data.helper.risky as true
+	d.rule_id == "risky"
+}
+
+todo_test_network if {
+	helper.risky with input.args.mode as "network" with input.args.port as 8080
+}
+"""
+
+
+def test_coverage_counts_the_lines_rego_unit_tests_evaluate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    b = rego_bundle(tmp_path, "helper", HELPER_POLICY)
+    (b / "helper_test.rego").write_text(HELPER_TESTS)
+    assert main(["policy", "test", str(b), "--coverage", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [t["status"] for t in report["rego_tests"]] == ["skip", "pass", "pass"]
+    policy = report["line_coverage"]["files"][f"{b}/policy.rego"]
+    # The curl branch ran under the test's own `with` (and the network branch's first expression,
+    # which failed); the network test is a todo; `decision` ran with `risky` mocked.
+    assert policy["covered"] == [{"start": {"row": 4}, "end": {"row": 5}}, {"start": {"row": 9}, "end": {"row": 9}},
+                                 {"start": {"row": 13}, "end": {"row": 14}}]
+    assert policy["not_covered"] == [{"start": {"row": 8}, "end": {"row": 8}}, {"start": {"row": 10}, "end": {"row": 10}}]
+    # The test file is reported too, as `opa test --coverage` does: both tests ran whole, the
+    # todo did not run.
+    tests = report["line_coverage"]["files"][str(b / "helper_test.rego")]
+    assert tests["covered"] == [{"start": {"row": 5}, "end": {"row": 6}}, {"start": {"row": 9}, "end": {"row": 11}}]
+    assert tests["not_covered"] == [{"start": {"row": 14}, "end": {"row": 15}}]
+    assert "errors" not in report["line_coverage"]
+    # Alone, the test that mocks `risky` covers `decision` and none of `risky`'s own lines.
+    assert main(["policy", "test", str(b), "--coverage", "--format", "json", "--run", "mocked"]) == 0
+    policy = json.loads(capsys.readouterr().out)["line_coverage"]["files"][f"{b}/policy.rego"]
+    assert policy["covered"] == [{"start": {"row": 13}, "end": {"row": 14}}]
+    assert policy["not_covered"] == [{"start": {"row": 4}, "end": {"row": 5}}, {"start": {"row": 8}, "end": {"row": 10}}]
+
+
+def test_coverage_of_unit_tests_survives_a_test_that_crashes_the_engine(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    b = rego_bundle(tmp_path, "helper", HELPER_POLICY.replace(
+        'input.args.command == "curl"', 'startswith(input.args.command, "curl")'))
+    (b / "crash_test.rego").write_text(  # regopy hazard 1: a builtin on a whole `with input as`
+        'package crash_test\nimport rego.v1\n\ntest_whole_input if {\n\tdata.helper.risky with input as {"args": {"command": "curl"}}\n}\n')
+    (b / "field_test.rego").write_text(
+        'package field_test\nimport rego.v1\n\ntest_field if {\n\tdata.helper.risky with input.args.command as "curl"\n}\n')
+    assert main(["policy", "test", str(b), "--coverage", "--format", "json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert [(t["name"], t["status"]) for t in report["rego_tests"]] == [
+        ("crash_test.test_whole_input", "error"), ("field_test.test_field", "pass")]
+    files = report["line_coverage"]["files"]
+    assert files[f"{b}/policy.rego"]["covered"][0] == {"start": {"row": 4}, "end": {"row": 5}}  # by test_field
+    assert files[str(b / "field_test.rego")]["covered"] == [{"start": {"row": 4}, "end": {"row": 5}}]
+    assert files[str(b / "crash_test.rego")]["not_covered"] == [{"start": {"row": 4}, "end": {"row": 5}}]
+    assert "errors" not in report["line_coverage"]  # the crashed test is not measured again

@@ -92,15 +92,25 @@ def _test(args: argparse.Namespace, engine: Any, threshold: tuple[str, float] | 
                 if len(args.paths) == 1 and Path(args.paths[0]) == bundle_path:
                     raise ValidationError(f"no cases: expected {bundle_path.parent / (bundle_name(bundle_path) + '.policytest.yaml')}, or pass --cases")
                 continue
+            recorder = _recorder(args, bundle)
             for tf in tests:
-                run.rego += run_rego_test_file(tf, bundle.modules, bundle.data, run=rx, strict=args.strict)
-            if cases_path is None:
-                continue
-            cases = parse_cases(cases_path.read_text(encoding="utf-8"), source=str(cases_path),
-                                default_agent=args.agent_id or "")
-            if rx is not None:
-                cases = [c for c in cases if rx.search(c.name or c.target)]
-            run.suites.append(_run_suite(args, bundle, cases, str(cases_path)))
+                results = run_rego_test_file(tf, bundle.modules, bundle.data, run=rx, strict=args.strict)
+                run.rego += results
+                if recorder is not None:
+                    recorder.add_tests(tf, results, strict=args.strict)
+            suite = None
+            if cases_path is not None:
+                cases = parse_cases(cases_path.read_text(encoding="utf-8"), source=str(cases_path),
+                                    default_agent=args.agent_id or "")
+                if rx is not None:
+                    cases = [c for c in cases if rx.search(c.name or c.target)]
+                suite = _run_suite(args, bundle, cases, str(cases_path), recorder)
+                run.suites.append(suite)
+            if recorder is not None:
+                report = recorder.report()
+                run.line_reports.append((bundle, report))
+                if suite is not None:
+                    suite.line_coverage = report
     except (ValidationError, OSError, re.error) as exc:
         err.print(f"{getattr(exc, 'message', exc)}", style="red", markup=False, highlight=False)
         return 1
@@ -128,14 +138,19 @@ def _test(args: argparse.Namespace, engine: Any, threshold: tuple[str, float] | 
     return 0
 
 
-def _run_suite(args: argparse.Namespace, bundle: LoadedBundle, cases: list[Any], source: str) -> Suite:
-    """One bundle's cases, with line coverage when asked for (Rego), and a progress bar on long
-    runs in the pretty format on a terminal only (JSON/JUnit stay clean)."""
-    recorder = None
-    if args.coverage and bundle.kind == "rego":
-        from kernel.policy.testing.coverage import RegoLineCoverage
+def _recorder(args: argparse.Namespace, bundle: LoadedBundle) -> Any:
+    """A Rego bundle's line coverage recorder (cases and unit tests) under --coverage, else None."""
+    if not args.coverage or bundle.kind != "rego":
+        return None
+    from kernel.policy.testing.coverage import RegoLineCoverage
 
-        recorder = RegoLineCoverage(bundle.compiled)
+    return RegoLineCoverage(bundle.compiled)
+
+
+def _run_suite(args: argparse.Namespace, bundle: LoadedBundle, cases: list[Any], source: str,
+               recorder: Any) -> Suite:
+    """One bundle's cases, through the line coverage ``recorder`` when there is one, and a progress
+    bar on long runs in the pretty format on a terminal only (JSON/JUnit stay clean)."""
     evaluate = recorder.evaluate if recorder is not None else None
 
     def run(on_case: Any = None) -> Report:
@@ -150,7 +165,7 @@ def _run_suite(args: argparse.Namespace, bundle: LoadedBundle, cases: list[Any],
             task = bar.add_task(str(bundle.path), total=len(cases))
             report = run(lambda: bar.advance(task))
     report.source = source
-    return Suite(bundle, report, recorder.report() if recorder is not None else None)
+    return Suite(bundle, report)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

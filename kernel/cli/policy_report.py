@@ -37,6 +37,8 @@ class Run:
     suites: list[Suite] = field(default_factory=list)
     loaded: list[LoadedBundle] = field(default_factory=list)
     rego: list[RegoTestResult] = field(default_factory=list)
+    # Each Rego bundle's line coverage (its cases and unit tests together), under --coverage.
+    line_reports: list[tuple[LoadedBundle, dict[str, Any]]] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -57,7 +59,7 @@ class Run:
 
     def line_coverage(self) -> dict[str, Any] | None:
         """Every Rego bundle's line coverage together, in OPA's shape (None without --coverage)."""
-        reports = [s.line_coverage for s in self.suites if s.line_coverage is not None]
+        reports = [r for _, r in self.line_reports]
         if not reports:
             return None
         files: dict[str, Any] = {}
@@ -197,9 +199,9 @@ def render_pretty(run: Run, out: Console, *, full_labels: bool) -> None:
     if lines is not None:
         total = lines["covered_lines"] + lines["not_covered_lines"]
         out.print(f"  line coverage {lines['coverage']:.1f}% ({lines['covered_lines']} of {total} Rego lines)")
-        for s in run.suites:
-            for problem in (s.line_coverage or {}).get("errors", []):
-                out.print(f"    {s.bundle.path}: line coverage incomplete: {problem}", style="yellow", markup=False)
+        for bundle, report in run.line_reports:
+            for problem in report.get("errors", []):
+                out.print(f"    {bundle.path}: line coverage incomplete: {problem}", style="yellow", markup=False)
         for file, entry in lines["files"].items():
             missing = ", ".join(_span(r) for r in entry.get("not_covered", []))
             if missing:

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from .rules import ModuleRules, RuleDef, read_rules
 
-__all__ = ["Instrumented", "LineCoverage", "instrument"]
+__all__ = ["Instrumented", "LineCoverage", "import_aliases", "instrument", "references"]
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 _PROBED_KINDS = ("complete", "multi")
@@ -59,16 +59,29 @@ class Instrumented:
         return f"{self.probe_package[name].replace('.', '/')}/{name}"
 
     # -- reading hits ------------------------------------------------------------------------
-    def reached(self, hits: set[str]) -> set[tuple[str, int]]:
-        """(module path, def index) of the definitions that were evaluated at all: those of the
-        entrypoint rule and, to a fixpoint, of every rule named by an evaluated expression."""
+    @cached_property
+    def by_name(self) -> dict[tuple[str, str], list[tuple[str, RuleDef]]]:
+        """(package, rule name) → its definitions, with their module paths."""
         by_name: dict[tuple[str, str], list[tuple[str, RuleDef]]] = {}
         for path, mr in self.module_rules.items():
             for d in mr.rules:
                 by_name.setdefault((mr.package, d.name), []).append((path, d))
+        return by_name
+
+    @cached_property
+    def aliases(self) -> dict[str, dict[str, str]]:
+        """Module path → its imports (alias → `data.…` ref)."""
+        return {path: import_aliases(mr.imports) for path, mr in self.module_rules.items()}
+
+    def reached(self, hits: set[str], roots: Iterable[tuple[str, str]] | None = None,
+                mocked: frozenset[tuple[str, str]] = frozenset()) -> set[tuple[str, int]]:
+        """(module path, def index) of the definitions that were evaluated at all: those of the
+        ``roots`` (the entrypoint rule by default) and, to a fixpoint, of every rule named by an
+        evaluated expression; a ``mocked`` rule (replaced by `with`) is never evaluated itself."""
+        by_name = self.by_name
         reached: set[tuple[str, int]] = set()
-        frontier = [self.entrypoint_rule]
-        seen_rules: set[tuple[str, str]] = set()
+        frontier = list(roots) if roots is not None else [self.entrypoint_rule]
+        seen_rules: set[tuple[str, str]] = set(mocked)
         while frontier:
             key = frontier.pop()
             if key in seen_rules:
@@ -82,7 +95,7 @@ class Instrumented:
                 for k, expr in enumerate(d.body, start=1):
                     if not self._holds(hits, path, d, k):
                         break
-                    frontier.extend(_references(expr.text, package, by_name))
+                    frontier.extend(references(expr.text, package, by_name, self.aliases[path]))
         return reached
 
     def _name(self, path: str, d: RuleDef, k: int) -> str:
@@ -139,11 +152,15 @@ class Instrumented:
             for d in mr.rules:
                 yield path, d
 
-    def line_coverage(self, hits: set[str]) -> LineCoverage:
+    def line_coverage(self, hits: set[str], roots: Iterable[tuple[str, str]] | None = None,
+                      mocked: frozenset[tuple[str, str]] = frozenset(),
+                      paths: frozenset[str] | None = None) -> LineCoverage:
+        """Lines evaluated (covered) and not, given the probes that held; ``roots`` and ``mocked``
+        as for `reached`; only the modules in ``paths`` when given."""
         cov = LineCoverage()
-        reached = self.reached(hits)
+        reached = self.reached(hits, roots, mocked)
         for path, d in self.definitions():
-            if d.kind not in _PROBED_KINDS or path in self.skipped:
+            if d.kind not in _PROBED_KINDS or path in self.skipped or (paths is not None and path not in paths):
                 continue
             evaluated = (path, d.index) in reached
             cov.mark(path, [d.line], evaluated and self._done(hits, path, d))
@@ -214,10 +231,27 @@ def _ranges(rows: set[int]) -> list[dict[str, dict[str, int]]]:
     return out
 
 
-def _references(text: str, package: str, by_name: dict[tuple[str, str], Any]) -> list[tuple[str, str]]:
+def import_aliases(lines: Iterable[str]) -> dict[str, str]:
+    """`import data.a.b` → {"b": "data.a.b"}; `import data.a.b as c` → {"c": "data.a.b"}."""
+    out: dict[str, str] = {}
+    for line in lines:
+        words = line.split()
+        if len(words) >= 2 and words[0] == "import" and words[1].startswith("data."):
+            alias = words[3] if len(words) >= 4 and words[2] == "as" else words[1].rsplit(".", 1)[-1]
+            out[alias] = words[1]
+    return out
+
+
+def references(text: str, package: str, by_name: Mapping[tuple[str, str], Any],
+               imports: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """The rules (package, name) an expression names: `data.pkg.rule…`, a rule of its own
+    package, or (given the module's ``imports``, alias → `data.…` ref) `alias.rule…`."""
     found = []
     for m in _IDENT.finditer(text):
         ref = m.group()
+        head = ref.split(".", 1)[0]
+        if imports and head in imports and imports[head].startswith("data."):
+            ref = imports[head] + ref[len(head) :]
         if ref.startswith("data."):
             parts = ref[len("data.") :].split(".")
             for cut in range(len(parts) - 1, 0, -1):

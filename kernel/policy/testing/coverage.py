@@ -1,19 +1,28 @@
-"""Line coverage of a Rego bundle over a case run, in OPA's `opa test --coverage` shape.
+"""Line coverage of a Rego bundle over a case run and its unit tests, in OPA's `opa test --coverage`
+shape.
 
 Each case is evaluated once, on the bundle's instrumented twin (in a worker), which answers the
-decision and the probes that held; lines are then marked per distinct probe set and merged.
+decision and the probes that held; lines are then marked per distinct probe set and merged. Each
+`*_test.rego` file's tests are measured after they ran, on a twin of the bundle with that file
+(kernel/policy/rego/testcover.py), in a child process; its lines are reported too, as OPA does.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kernel.domain.decision import Decision, PolicyInput
 from kernel.policy.rego.document import input_document
 from kernel.policy.rego.instrument import LineCoverage
+from kernel.policy.rego.testcover import instrument_tests
 from kernel.policy.rego.trace import traced_evaluate
 
+from .rego_tests import RegoTestResult, run_rego_test_coverage
+
 __all__ = ["RegoLineCoverage"]
+
+_NOT_AGAIN = ("the Rego engine crashed", "timed out", "not run")
 
 
 class RegoLineCoverage:
@@ -26,7 +35,7 @@ class RegoLineCoverage:
         self.errors: list[str] = []
         self._seen: set[frozenset[str]] = set()
         self._probes = self.bundle.instrumented[1]
-        self.coverage.merge(self._probes.line_coverage(set()))  # every line, none covered yet
+        self.coverage.merge(self._probes.line_coverage(set(), roots=()))  # every line, none covered yet
 
     def evaluate(self, inp: PolicyInput) -> Decision:
         traced = traced_evaluate(self.engine, self.bundle, input_document(inp))
@@ -37,6 +46,24 @@ class RegoLineCoverage:
             self._seen.add(key)
             self.coverage.merge(self._probes.line_coverage(traced.hits))
         return traced.decision
+
+    def add_tests(self, test_file: Path, results: list[RegoTestResult], *, strict: bool = False) -> None:
+        """Merge the lines that the tests of ``test_file`` which ran (passed, failed or errored;
+        not skipped) evaluated."""
+        source, key = test_file.read_text(encoding="utf-8"), str(test_file)
+        package = results[0].name.rsplit(".", 1)[0] if results else ""
+        # A test that crashed the engine or ran out of time would only do it again.
+        ran = [r.name[len(package) + 1 :] for r in results
+               if r.file == key and r.status != "skip" and not r.message.startswith(_NOT_AGAIN)]
+        cover = instrument_tests(dict(self.bundle.modules), self.bundle.entrypoint, key, source, ran)
+        if key in cover.probes.skipped:
+            self.errors.append(f"{key}: {cover.probes.skipped[key]}")
+        if not ran:  # its lines are still reported, none covered
+            self.coverage.merge(cover.coverage({}, None, []))
+            return
+        coverage, errors = run_rego_test_coverage(cover, self.bundle.data, ran, strict=strict)
+        self.coverage.merge(coverage)
+        self.errors.extend(errors[: max(0, 5 - len(self.errors))])
 
     def report(self) -> dict[str, Any]:
         display = {path: self.bundle.display_path(path) for path in self.bundle.modules}

@@ -12,8 +12,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kernel.policy.rego.instrument import LineCoverage
+from kernel.policy.rego.pool import regopy_path
+from kernel.policy.rego.testcover import TestProbes
+
 _PACKAGE = re.compile(r"^\s*package\s+([\w.]+)", re.M)
 _TEST = re.compile(r"^(todo_)?(test_\w+)\b", re.M)
+CHILD_SCRIPT = str(Path(__file__).with_name("rego_child.py"))
 WITH_INPUT_HINT = ("likely the regopy segfault on `with input as {...}` (use `with input.<field> as ...` "
                    "instead; see docs/testing-policies.md)")
 
@@ -68,15 +73,25 @@ def run_rego_test_file(test_file: Path, modules: dict[str, str], data: dict[str,
             wanted.append(full)
     if not wanted:
         return results
+    by_name = {f"{package}.{name}": lines.get(name, 0) for name, _ in tests}
     req = {"modules": {**modules, test_file.name: source}, "data": data, "tests": wanted, "strict": strict}
-    try:
-        proc = subprocess.run([sys.executable, "-m", "kernel.policy.testing.rego_child"], input=json.dumps(req),
-                              capture_output=True, text=True, timeout=timeout_seconds, check=False)
-        stdout, rc, timed_out = proc.stdout, proc.returncode, False
-    except subprocess.TimeoutExpired as exc:
-        raw = exc.stdout or ""
-        stdout, rc, timed_out = raw.decode() if isinstance(raw, bytes) else raw, -9, True
+    stdout, rc, timed_out, _ = _child(req, timeout_seconds)
     done: dict[str, RegoTestResult] = {}
+    running = _read_results(stdout, str(test_file), done)
+    # A test that kills the engine is an ERROR for that test; the rest of the file is not run (a
+    # fresh child would not help: rego-cpp then crashes on every test of the module).
+    if running:
+        done[running] = RegoTestResult(str(test_file), running, "error", _crash(rc, timed_out, timeout_seconds, source))
+    if running or rc != 0:
+        for t in wanted:
+            done.setdefault(t, RegoTestResult(str(test_file), t, "error", "not run: the test process died before it"))
+    results += [replace(done[t], line=by_name.get(t, 0)) for t in wanted if t in done]
+    return results
+
+
+def _read_results(stdout: str, file: str, done: dict[str, RegoTestResult]) -> str:
+    """Record the child's finished tests in ``done``; returns the test it was running when its
+    output stopped ("" when none)."""
     running = ""
     for line in stdout.splitlines():
         try:
@@ -91,23 +106,71 @@ def run_rego_test_file(test_file: Path, modules: dict[str, str], data: dict[str,
             took = float(ev.get("seconds") or 0.0)
             if "error" in ev:
                 message = ev["error"].strip().splitlines()[0][:300] if ev["error"].strip() else "rego error"
-                done[t] = RegoTestResult(str(test_file), t, "error", message, seconds=took)
+                done[t] = RegoTestResult(file, t, "error", message, seconds=took)
             elif ev["passed"]:
-                done[t] = RegoTestResult(str(test_file), t, "pass", seconds=took)
+                done[t] = RegoTestResult(file, t, "pass", seconds=took)
             else:
-                done[t] = RegoTestResult(str(test_file), t, "fail", "undefined or not true", seconds=took)
-    by_name = {f"{package}.{name}": lines.get(name, 0) for name, _ in tests}
-    done = {t: replace(r, line=by_name.get(t, 0)) for t, r in done.items()}
-    for t in wanted:
-        if t in done:
-            results.append(done[t])
-        elif t == running:
-            results.append(RegoTestResult(str(test_file), t, "error", _crash(rc, timed_out, timeout_seconds, source),
-                                          line=by_name.get(t, 0)))
-        elif running or rc != 0:
-            results.append(RegoTestResult(str(test_file), t, "error", "not run: the test process died before it",
-                                          line=by_name.get(t, 0)))
-    return results
+                done[t] = RegoTestResult(file, t, "fail", "undefined or not true", seconds=took)
+    return running
+
+
+def _child(req: dict[str, Any], timeout_seconds: float) -> tuple[str, int, bool, str]:
+    """Run rego_child.py on ``req``: (stdout, return code, timed out, last line of stderr)."""
+    try:
+        proc = subprocess.run([sys.executable, "-s", "-S", "-P", CHILD_SCRIPT], input=json.dumps(req),
+                              capture_output=True, text=True, timeout=timeout_seconds, check=False,
+                              env={"PYTHONPATH": regopy_path()})
+        tail = proc.stderr.strip().splitlines()
+        return proc.stdout, proc.returncode, False, tail[-1][:300] if tail else ""
+    except subprocess.TimeoutExpired as exc:
+        raw = exc.stdout or ""
+        return raw.decode() if isinstance(raw, bytes) else raw, -9, True, ""
+
+
+def run_rego_test_coverage(cover: TestProbes, data: dict[str, Any], ran: list[str], *,
+                           timeout_seconds: float = 30.0, strict: bool = False) -> tuple[LineCoverage, list[str]]:
+    """The lines the tests ``ran`` (rule names) evaluate, from the file's coverage twin, in a child
+    process of its own (after the tests: their results never depend on it); and what could not be
+    measured. A query that crashes the child costs that test's coverage only: the rest run again
+    in a fresh child."""
+    queries = [[t, cover.query_for(t)] for t in ran if cover.queries.get(t)]
+    queries.append(["", cover.test_hits])
+    answers: dict[str, Any] = {}
+    test_hits: list[str] | None = None
+    errors: list[str] = []
+    while queries:
+        req = {"data": data, "strict": strict, "coverage": {"modules": cover.modules, "queries": queries}}
+        stdout, rc, timed_out, tail = _child(req, timeout_seconds)
+        finished: set[str] = set()
+        running = None
+        for line in stdout.splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if "cov_start" in ev:
+                running = ev["cov_start"]
+            elif "cov" in ev:
+                name, running = ev["cov"], None
+                finished.add(name)
+                label = f"{cover.package}.{name}" if name else "the test file's own lines"
+                if "error" in ev:
+                    errors.append(f"{cover.test_path}: {label}: {ev['error']}")
+                elif not name:
+                    test_hits = ev["value"] if isinstance(ev["value"], list) else None
+                elif isinstance(ev["value"], dict):
+                    answers.update(ev["value"])
+        rest = [q for q in queries if q[0] not in finished]
+        if not rest:
+            break
+        if running is None:  # died before or between queries: nothing to blame, stop
+            why = _crash(rc, timed_out, timeout_seconds, "") + (f": {tail}" if tail else "")
+            errors.append(f"{cover.test_path}: the coverage process ended early ({why})")
+            break
+        label = f"{cover.package}.{running}" if running else "the test file's own lines"
+        errors.append(f"{cover.test_path}: {label}: not measured: {_crash(rc, timed_out, timeout_seconds, '')}")
+        queries = [q for q in rest if q[0] != running]
+    return cover.coverage(answers, test_hits, ran), errors
 
 
 def _crash(rc: int, timed_out: bool, timeout_seconds: float, source: str) -> str:
