@@ -276,3 +276,25 @@ def test_version_5_database_migrates_and_backfills_the_step_outcome_seqs(empty_s
     with store.engine.connect() as c:
         got = dict(c.execute(text("SELECT step_id, outcome_seq FROM steps WHERE execution_id = :e"), {"e": eid}).all())
     assert got == {"s-done": 2, "s-denied": 5, "s-open": None}
+
+
+def test_version_6_database_migrates_and_gets_the_decision_rollup_tables(empty_store: SqlStore) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import inspect
+
+    store = empty_store
+    migrate(store)
+    with store.engine.begin() as c:
+        for name in ("decision_rollup_hours", "decision_rollup"):
+            c.execute(text(f"DROP TABLE {name}"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 6))
+    assert [m.version for m in migrate(store)][:1] == [7]
+    with store.engine.connect() as c:
+        assert {"decision_rollup", "decision_rollup_hours"} <= set(inspect(c).get_table_names())
+    hour = T0.replace(minute=0, second=0, microsecond=0)
+    with store.transaction() as tx:  # the new tables take rows and sum them back
+        tx.insert_rollup([hour], [(hour, "a", "denied", "default", "0" * 64, 3)], T0)
+    with store.read() as tx:
+        assert tx.rollup_hours(hour, hour + timedelta(hours=1)) == {hour}
+        assert tx.sum_rollup({"decision": "denied"}, hour, hour + timedelta(hours=1)) == [(hour, "denied", 3)]
