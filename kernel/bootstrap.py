@@ -181,7 +181,8 @@ def shadow_runner(settings: Settings, kernel: Kernel) -> Any:
     from kernel.policy.shadow import ShadowBundles
     from kernel.shadow import ShadowRunner
 
-    rego = LazyRegoEngine(size=settings.shadow_rego_workers, timeout=settings.rego_timeout, acquire_timeout=0.05)
+    rego = LazyRegoEngine(size=settings.shadow_rego_workers, timeout=settings.rego_timeout, acquire_timeout=0.05,
+                          nice=settings.shadow_rego_nice)
     runner = ShadowRunner(kernel, ShadowBundles(kernel.store, rego), queue_size=settings.shadow_queue_size,
                           flush_interval=settings.shadow_flush_interval)
     runner.start()

@@ -141,6 +141,9 @@ class Settings(BaseSettings):
     # shadow never takes a worker from the active bundles; a bounded queue (full: counted as
     # dropped); how often tallies and disagreements are written.
     shadow_rego_workers: int = Field(default=1, ge=1, le=16)
+    # How much lower the shadow workers' CPU priority is than the kernel's (nice increment):
+    # their start-ups and evaluations yield the CPU to the active path
+    shadow_rego_nice: int = Field(default=19, ge=0, le=19)
     shadow_queue_size: int = Field(default=10_000, ge=1)
     shadow_flush_interval: float = 0.5
 

@@ -55,10 +55,11 @@ class RegoCompiled:
 class LazyRegoEngine:
     """Starts the Rego worker pool on first use, so kernels without Rego bundles spawn nothing."""
 
-    def __init__(self, size: int = 2, timeout: float = 0.25, acquire_timeout: float = 5.0):
+    def __init__(self, size: int = 2, timeout: float = 0.25, acquire_timeout: float = 5.0, nice: int = 0):
         self.size = size
         self.timeout = timeout
         self.acquire_timeout = acquire_timeout
+        self.nice = nice
         self._engine: Any = None
         self._lock = threading.Lock()
 
@@ -67,7 +68,8 @@ class LazyRegoEngine:
             if self._engine is None:
                 from kernel.policy.rego import RegoEngine
 
-                self._engine = RegoEngine(size=self.size, timeout=self.timeout, acquire_timeout=self.acquire_timeout)
+                self._engine = RegoEngine(size=self.size, timeout=self.timeout, acquire_timeout=self.acquire_timeout,
+                                          nice=self.nice)
             return self._engine
 
     def close(self) -> None:

@@ -72,6 +72,7 @@ class RegoEngine:
         start_timeout: float = 10.0,
         max_rss_bytes: int = DEFAULT_MAX_RSS_BYTES,
         test_hooks: bool = False,
+        nice: int = 0,
     ):
         self.timeout = timeout
         self.load_timeout = load_timeout
@@ -81,6 +82,7 @@ class RegoEngine:
             start_timeout=start_timeout,
             max_rss_bytes=max_rss_bytes,
             test_hooks=test_hooks,
+            nice=nice,
         )
         self._lock = threading.Lock()
         self._broken: OrderedDict[str, str] = OrderedDict()  # digest → bundle-error reason

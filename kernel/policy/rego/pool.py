@@ -174,8 +174,10 @@ class WorkerHandle:
         self.stderr.close()
 
 
-def start_worker(*, test_hooks: bool, start_timeout: float) -> WorkerHandle:
-    """Start one worker and wait for its HELLO (capability probe)."""
+def start_worker(*, test_hooks: bool, start_timeout: float, nice: int = 0) -> WorkerHandle:
+    """Start one worker and wait for its HELLO (capability probe). `nice` > 0 lowers the worker's
+    CPU priority by that much (set from here right after the spawn, before it has imported regopy),
+    so its start-up and evaluations yield the CPU to everything at normal priority."""
     parent, child = socket.socketpair()
     stderr = tempfile.TemporaryFile()  # noqa: SIM115 - owned by the WorkerHandle, closed on reap
     argv = [sys.executable, "-s", "-S", "-P", WORKER_SCRIPT, str(child.fileno())]
@@ -199,6 +201,9 @@ def start_worker(*, test_hooks: bool, start_timeout: float) -> WorkerHandle:
         raise WorkerStartError(f"cannot start a rego worker: {exc}") from exc
     finally:
         child.close()
+    if nice > 0:
+        with contextlib.suppress(OSError):  # gone already: the HELLO read below reports it
+            os.setpriority(os.PRIO_PROCESS, proc.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
     handle = WorkerHandle(proc, parent, stderr)
     try:
         op, payload = handle.read_frame(time.monotonic() + start_timeout)
@@ -227,10 +232,12 @@ class WorkerPool:
         start_timeout: float = 10.0,
         max_rss_bytes: int = DEFAULT_MAX_RSS_BYTES,
         test_hooks: bool = False,
+        nice: int = 0,
     ):
         if size < 1:
             raise ValueError("a rego worker pool needs at least one worker")
         self.size = size
+        self._nice = nice
         self._start_timeout = start_timeout
         self._max_rss = max_rss_bytes
         self._test_hooks = test_hooks
@@ -277,6 +284,7 @@ class WorkerPool:
         w = start_worker(
             test_hooks=self._test_hooks,
             start_timeout=self._start_timeout,
+            nice=self._nice,
         )
         self.hello = w.hello
         return w

@@ -8,6 +8,7 @@ rego-cpp; compiler aborts from the real rego-cpp crash pattern (`with input as {
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -162,3 +163,20 @@ def test_workers_without_test_hooks_ignore_the_fault_key() -> None:
         d = plain.evaluate(POLICY, step(**{TEST_FAULT_KEY: "segv"}))
         assert (d.verdict, d.rule_id) == (Verdict.ALLOW, "ok")
         assert plain.stats()["crashes"] == 0
+
+
+def test_a_nice_pool_runs_its_workers_and_their_replacements_at_the_lower_priority() -> None:
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    want = min(19, base + 5)
+    engine = RegoEngine(size=1, timeout=TIMEOUT, test_hooks=True, nice=5)
+    try:
+        assert engine.evaluate(POLICY, OK).rule_id == "ok"
+        pids = {w.pid for w in engine._pool._live}
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [want]
+        _fault_then_recover(engine, step(**{TEST_FAULT_KEY: "exit"}), "exited with status 3")
+        replaced = {w.pid for w in engine._pool._live}
+        assert replaced and not replaced & pids
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in replaced] == [want]
+        assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the kernel's own priority is untouched
+    finally:
+        engine.close()
