@@ -111,9 +111,19 @@ class ShadowRunner:
         return self.backlog() == 0
 
     # -- the loop ---------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """On this thread, never on a request's: compile new shadows and start their engine."""
+        prepare = getattr(self.policy, "prepare", None)
+        if prepare is not None:
+            try:
+                prepare(list(self._refs.values()))
+            except Exception:
+                log.exception("could not prepare the shadow bundles; they compile on first use")
+
     def _run(self) -> None:
         batches: dict[int, Batch] = {}
         taken = 0  # observations taken off the queue since the last flush
+        self._prepare()
         last_flush = last_refresh = time.monotonic()
         while True:
             stopping = self._stop.is_set()
@@ -143,6 +153,7 @@ class ShadowRunner:
                 last_flush = now
             if now - last_refresh >= self.refresh_interval:
                 self.reload()
+                self._prepare()
                 last_refresh = now
             if stopping and not items:
                 self._flush(batches, taken)

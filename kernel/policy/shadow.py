@@ -42,6 +42,12 @@ class ShadowBundles:
             return Decision(Verdict.DENY, "eval-error", "shadow evaluation failed", policy_kind=kind,
                             policy_revision=ref.revision)
 
+    def prepare(self, refs: list[ShadowRef]) -> None:
+        """Compile the shadows not compiled yet (starting the Rego pool for the first Rego one), so
+        that happens when a shadow appears rather than on the first steps it judges."""
+        for ref in refs:
+            self._compiled(ref)
+
     def forget_except(self, ids: set[int]) -> None:
         """Drop the compiled copies of shadows that are no longer evaluated."""
         with self._lock:

@@ -110,3 +110,43 @@ def test_three_faults_in_a_row_pause_the_shadow_and_the_steps_meanwhile_are_skip
         assert "SIGSEGV" in (rep["shadow"].last_error or "")
     finally:
         runner.close()
+
+
+def test_a_rego_shadow_is_compiled_and_its_workers_started_before_its_first_step(
+    kernel: Kernel, running: Running,
+) -> None:
+    """The runner prepares a new shadow on its own thread, so the shadow pool's start-up (a
+    process and regopy's import) is not paid while the first shadowed steps are being answered."""
+    import json
+
+    from kernel.core.policies import store_policy
+    from kernel.policy.resolver import LazyRegoEngine
+    from kernel.policy.shadow import ShadowBundles
+
+    kernel.policy = BundleResolver(kernel.store)
+    rego = LazyRegoEngine(size=1, acquire_timeout=0.05)
+    bundles = ShadowBundles(kernel.store, rego)
+    store_policy(kernel, "shell", "yaml", ACTIVE)
+    candidate = {"modules": {"policy.rego": 'package shell\nimport rego.v1\n\n'
+                                            'decision := {"decision": "deny", "rule_id": "no"}\n'},
+                 "data": {}, "manifest": {"revision": "candidate", "roots": ["shell"], "metadata": {
+                     "regent": {"entrypoint": "shell/decision", "default_action": "deny"}}}}
+    shadow.store_shadow(kernel, "shell", "rego", json.dumps(candidate), Actor("secops", "key"))
+    runner = ShadowRunner(kernel, bundles, flush_interval=0.05, refresh_interval=0.05)
+    runner.start()
+    kernel.shadow = runner
+    try:
+        deadline = time.monotonic() + 30
+        while rego._engine is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rego._engine is not None  # started with no step submitted
+        [ref] = list(runner._refs.values())
+        assert ref.id in bundles._cache and not isinstance(bundles._cache[ref.id], Exception)
+        eid, did, att = running.start()
+        assert submit_step(kernel, "shell", eid, did, att, _req(0)).decision == "proceed"
+        assert runner.drain(30)
+        rep = shadow.shadow_report(kernel, "shell")
+        assert rep["totals"]["evaluated"] == 1 and rep["totals"]["errors"] == 0, rep
+        assert rep["disagreements"] == {"allow→deny": 1}
+    finally:
+        runner.close()
