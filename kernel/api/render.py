@@ -58,6 +58,8 @@ def execution_json(e: Execution, children: list[str] | None = None) -> dict[str,
     if e.forked_from is not None:
         out["forked_from"] = e.forked_from
         out["fork_seq"] = e.fork_seq
+        if e.restoration:
+            out["restoration"] = e.restoration
     return out
 
 

@@ -27,7 +27,7 @@ ERROR = _object(("code", "message"), code=TEXT, message=TEXT, details={"type": "
 EXECUTION = _object(
     ("id", "agent_id", "status", "created_at", "updated_at"),
     id=ID, agent_id=TEXT, input=ANY, output=ANY, failure_reason=TEXT, deadline_at=TIME,
-    idempotency_key=TEXT, created_at=TIME, updated_at=TIME,
+    idempotency_key=TEXT, created_at=TIME, updated_at=TIME, restoration={"type": "object"},
     status={"type": "string", "enum": ["pending", "running", "blocked", "completed", "failed", "cancelled"]},
 )
 STEP = _object(
@@ -41,6 +41,8 @@ DECISION = _object(
     decision={"type": "string", "enum": ["proceed", "replay", "denied", "rate_limited", "blocked",
                                          "execution_blocked", "execution_terminal"]},
     step_id=TEXT, result=ANY, error=ANY, approval_id=TEXT, reason=TEXT, rule_id=TEXT,
+    resources={"type": "array", "items": _object(("key", "generation", "due"), key=TEXT,
+                                                 generation={"type": "integer"}, due={"type": "boolean"})},
 )
 EVENT = _object(("execution_id", "event_seq", "type", "payload", "occurred_at"),
                 execution_id=ID, event_seq={"type": "integer"}, type=TEXT, payload=ANY, occurred_at=TIME)
@@ -56,6 +58,9 @@ POLICY = _object(("agent_id", "seq", "kind", "revision", "active", "created_at")
 TEST_REPORT = _object(("results", "failed"), results={"type": "array"}, failed={"type": "integer"})
 STATUS = _object(("status",), status=TEXT)
 EXECUTION_PAGE = _object(("executions",), executions={"type": "array", "items": EXECUTION}, next_cursor=ID)
+RESOURCE = _object(("key", "generation", "covered", "every_steps", "on_completion"), key=TEXT,
+                   generation={"type": "integer"}, binding=ANY, checkpoint_ref=TEXT, covered={"type": "boolean"},
+                   every_steps={"type": "integer"}, on_completion={"type": "boolean"})
 SSE = {"responses": {"200": {"description": "Server-Sent Events (docs/stream.md)",
                              "content": {"text/event-stream": {"schema": TEXT}}},
                      "4XX": {"description": "the error envelope", "content": {"application/json": {"schema": ERROR}}}}}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernel.core import events as ev
+from kernel.core import resources
 from kernel.core.dispatch import enqueue
 from kernel.core.kernel import Kernel
 from kernel.domain import EventType, Execution, ExecutionStatus
@@ -48,6 +49,7 @@ def fork_execution(
     revision = k.policy.check(bundle.kind, bundle.content) if bundle is not None else None  # the load gate
     eid = new_uuid7()
     with k.store.transaction(session=session) as tx:
+        plan = resources.plan_restoration(tx, src.id, at_seq)
         bundle_id = (tx.insert_fork_bundle(src.agent_id, bundle.kind, revision or "", bundle.content, now)
                      if bundle is not None else None)
         e = Execution(
@@ -55,15 +57,17 @@ def fork_execution(
             updated_at=now, deadline_at=src.deadline_at and now + (src.deadline_at - src.created_at),
             session=session, parent_execution_id=None, previous_execution_id=src.previous_execution_id,
             forked_from=src.id, fork_seq=at_seq, fork_bundle_id=bundle_id,
+            restoration=resources.restoration(plan),
         )
         queued_behind = session is not None and tx.session_occupied(session)
         if queued_behind:
             e = dataclasses.replace(e, status=ExecutionStatus.PENDING)
         tx.insert_execution(e)
+        resources.restore_into_fork(tx, plan, eid, now)
         head = [
             ev.execution(EventType.EXECUTION_CREATED, eid, ExecutionStatus.PENDING, session=session),
             ev.execution(EventType.EXECUTION_FORKED, eid, ExecutionStatus.PENDING, forked_from=src.id,
-                         fork_seq=at_seq, policy_revision=revision),
+                         fork_seq=at_seq, policy_revision=revision, restoration=e.restoration),
         ]
         if not queued_behind:
             _, queued = enqueue(k, tx, eid, now)
@@ -77,21 +81,31 @@ def fork_execution(
 
 
 def fork_points(k: Kernel, execution_id: str) -> list[dict[str, Any]]:
-    """Where a fork can start: before any step (seq 0), and after each recorded step outcome."""
+    """Where a fork can start: before any step (seq 0), and after each recorded step outcome.
+    `covered`: every resource registered by then has a checkpoint covering that seq (true when
+    there are none); `resources` has the answer per resource when the execution has any."""
     from kernel.clock import rfc3339
 
     with k.store.read() as tx:
         if tx.get_execution(execution_id) is None:
             raise NotFound("execution not found")
         rows = tx.events_upto(execution_id, 2**62)
-    out: list[dict[str, Any]] = [{"event_seq": 0, "steps": 0, "covered": True}]
+        covered_at = resources.coverage(tx, execution_id)
+
+    def point(seq: int, **fields: Any) -> dict[str, Any]:
+        per = covered_at(seq)
+        out = {"event_seq": seq, **fields, "covered": all(per.values())}
+        if per:
+            out["resources"] = per
+        return out
+
+    out: list[dict[str, Any]] = [point(0, steps=0)]
     n = 0
     for r in rows:
         if r.type not in _OUTCOME_EVENTS:
             continue
         n += 1
         p = json.loads(r.payload)
-        out.append({"event_seq": int(r.event_seq), "type": r.type, "step_id": p.get("step_id"),
-                    "target": p.get("target"), "steps": n, "occurred_at": rfc3339(r.occurred_at),
-                    "covered": True})
+        out.append(point(int(r.event_seq), type=r.type, step_id=p.get("step_id"), target=p.get("target"), steps=n,
+                         occurred_at=rfc3339(r.occurred_at)))
     return out

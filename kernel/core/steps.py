@@ -11,6 +11,7 @@ from typing import Any
 from kernel.clock import rfc3339
 from kernel.core import decision_log as dlog
 from kernel.core import events as ev
+from kernel.core import resources
 from kernel.core.decisions import policy_record
 from kernel.core.dispatch import check_attempt, park_until
 from kernel.core.executions import load_owned, owned
@@ -65,6 +66,7 @@ class StepRequest:
     args_text: str  # canonical JSON text (stored; identity is its hash)
     args_hash: str
     idempotency: str = Idempotency.SAFE_TO_RETRY.value
+    resources: tuple[str, ...] = ()  # the registered resources the body may change
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,8 @@ class StepAnswer:
     approval_id: str | None = None
     reason: str | None = None
     rule_id: str | None = None
+    # A `proceed` answer's declared resources: [{key, generation, due}] (kernel/core/resources.py).
+    resources: list[dict[str, Any]] | None = None
     # The rule of the policy decision this answer made (None for replays and refusals before
     # policy): the metrics label, never on the wire.
     decided_rule: str | None = None
@@ -92,6 +96,8 @@ class StepAnswer:
             value = getattr(self, key)
             if value is not None and value != "":
                 out[key] = value
+        if self.resources is not None:
+            out["resources"] = self.resources
         return out
 
     @property
@@ -152,6 +158,7 @@ def _submit_step(
         if d is None or d.execution_id != execution_id or d.attempt != attempt or d.status != DispatchStatus.IN_FLIGHT:
             raise LeaseSuperseded()
         sid = compute_step_id(execution_id, req.kind, req.target, req.args_hash, occurrence)
+        declared = resources.require_registered(tx, execution_id, req.resources) if req.resources else None
         existing = tx.get_step(sid)
         if existing is None and e.forked_from is not None:
             existing = _lent(tx, e, sid, occurrence, req, now)
@@ -165,6 +172,9 @@ def _submit_step(
             if not answer.recorded:
                 return answer
         tx.advance_counter(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
+        if declared is not None and answer.decision == "proceed":
+            answer = dataclasses.replace(
+                answer, resources=resources.advance(tx, execution_id, declared, bump=existing is None))
         return answer
 
 
@@ -437,8 +447,10 @@ def _record(
 def record_outcome(
     k: Kernel, agent_id: str, execution_id: str, step_id: str, dispatch_id: str, attempt: int,
     *, result: Any = None, error: Any = None, failed: bool = False,
+    captures: list[resources.Capture] | None = None, capture_failures: list[resources.CaptureFailure] | None = None,
 ) -> StepAnswer:
-    """Complete or fail a step; a terminal outcome is never overwritten (replay answers it)."""
+    """Complete or fail a step; a terminal outcome is never overwritten (replay answers it). The
+    body's `captures` of its resources cover from the outcome's event (kernel/core/resources.py)."""
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
         e0, s, d = tx.outcome_context(execution_id, step_id, dispatch_id)
@@ -459,7 +471,8 @@ def record_outcome(
         check_attempt(d, execution_id, attempt)
         if failed:
             tx.update_step(step_id, status=StepStatus.FAILED, error=error, completed_at=now)
-            tx.append(execution_id, now, [ev.step(EventType.STEP_FAILED, step_id, s.kind, s.target, error=error)])
+            seq = tx.append(execution_id, now, [ev.step(EventType.STEP_FAILED, step_id, s.kind, s.target, error=error)])
+            resources.record_captures(tx, execution_id, now, captures or [], capture_failures or [], at_seq=seq)
             return StepAnswer("recorded")
         usage = parse_usage(result) if s.kind == StepKind.LLM_CALL else None
         values: dict[str, Any] = {"status": StepStatus.SUCCEEDED, "result": result, "completed_at": now}
@@ -469,7 +482,8 @@ def record_outcome(
             extra["usage"] = {"input_tokens": usage[0], "output_tokens": usage[1]}
             tx.add_usage(execution_id, usage[0], usage[1])
         tx.update_step(step_id, **values)
-        tx.append(execution_id, now, [ev.step(EventType.STEP_SUCCEEDED, step_id, s.kind, s.target, **extra)])
+        seq = tx.append(execution_id, now, [ev.step(EventType.STEP_SUCCEEDED, step_id, s.kind, s.target, **extra)])
+        resources.record_captures(tx, execution_id, now, captures or [], capture_failures or [], at_seq=seq)
         return StepAnswer("recorded")
 
 

@@ -35,6 +35,10 @@ class EventType(StrEnum):
     DISPATCH_ACKED = "dispatch.acked"
     DISPATCH_FAILED = "dispatch.failed"
     DISPATCH_DISCARDED = "dispatch.discarded"
+    RESOURCE_REGISTERED = "resource.registered"
+    RESOURCE_BOUND = "resource.bound"
+    RESOURCE_CHECKPOINTED = "resource.checkpointed"
+    RESOURCE_CAPTURE_FAILED = "resource.capture_failed"
 
 
 DECISION_EVENTS = frozenset(

@@ -53,3 +53,5 @@ class Execution:
     fork_seq: int = 0
     fork_bundle_id: int | None = None  # the fork's own policy bundle (fork_bundles row)
     suspended: bool = False  # waiting for its children, holding no dispatch
+    # A fork's resources at its fork point: {key: {covered, checkpoint_ref?, generation?}} (docs/api.md).
+    restoration: dict[str, Any] | None = None

@@ -126,6 +126,7 @@ def to_execution(r: Any, inputs: DecodedInputs | None = None) -> Execution:
         fork_seq=int(getattr(r, "fork_seq", 0) or 0),
         fork_bundle_id=getattr(r, "fork_bundle_id", None),
         suspended=bool(getattr(r, "suspended", False)),
+        restoration=loads(getattr(r, "restoration", None)),
     )
 
 

@@ -211,6 +211,22 @@ def _request_signatures(conn: Connection) -> None:
         index.create(conn)
 
 
+_RESOURCE_COLUMNS_010 = (
+    ("executions", "restoration", "TEXT"),
+    ("resources", "registered_seq", "BIGINT NOT NULL DEFAULT 0"),
+    ("resource_checkpoints", "superseded_seq", "BIGINT"),
+)
+
+
+def _resources(conn: Connection) -> None:
+    # 010: resources and checkpoints in use (docs/api.md, "Resources and checkpoints"): a fork's
+    # restoration, the seq a resource was registered at and the seq a checkpoint stopped covering.
+    # Nullable or defaulted columns; the tables (004) had no rows before this version.
+    for table, name, ddl in _RESOURCE_COLUMNS_010:
+        if name not in {c["name"] for c in inspect(conn).get_columns(table)}:
+            conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {ddl}"))
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
@@ -221,6 +237,7 @@ MIGRATIONS: list[Migration] = [
     Migration(7, "hourly decision counts for the audit chart", _decision_rollup),
     Migration(8, "decision journal, judge on decision records", _decision_journal),
     Migration(9, "request signatures seen (the shared replay guard)", _request_signatures),
+    Migration(10, "resources and checkpoints", _resources),
 ]
 LATEST = MIGRATIONS[-1].version
 

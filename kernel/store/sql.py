@@ -29,6 +29,7 @@ from kernel.store import tables as t
 from kernel.store.dialect import Dialect
 from kernel.store.sql_audit import AuditQueries, content_hash, decision_params
 from kernel.store.sql_dispatch import DispatchQueries
+from kernel.store.sql_resource import ResourceQueries
 from kernel.store.sql_session import SessionQueries
 from kernel.store.sql_shadow import ShadowQueries
 from kernel.store.statements import (
@@ -65,7 +66,7 @@ from kernel.store.statements import (
 )
 
 
-class Tx(DispatchQueries, AuditQueries, SessionQueries, ShadowQueries):
+class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQueries):
     """One open transaction. Every method is a single round trip or a small batch."""
 
     def __init__(self, store: Dialect, conn: Connection, escalate: Callable[[], Connection] | None = None,
@@ -277,6 +278,7 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ShadowQueries):
                 fork_seq=e.fork_seq,
                 fork_bundle_id=e.fork_bundle_id,
                 suspended=False,
+                restoration=codec.dumps_or_none(e.restoration),
             )
         )
 

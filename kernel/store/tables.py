@@ -132,6 +132,7 @@ class ExecutionRow(SQLModel, table=True):
     fork_seq: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
     fork_bundle_id: int | None = Field(default=None, sa_column=Column(Integer))
     suspended: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=false()))
+    restoration: str | None = _text()  # a fork's resources at its fork point (migration 010)
 
 
 class ForkBundleRow(SQLModel, table=True):
@@ -167,6 +168,9 @@ class ResourceRow(SQLModel, table=True):
     covered: bool = Field(default=False, sa_column=Column(Boolean, nullable=False))
     steps_since_capture: int = Field(default=0, sa_column=Column(Integer, nullable=False))
     created_at: datetime = _ts()
+    # The event seq at which it was registered (a fork restores only what existed at its fork
+    # point; migration 010).
+    registered_seq: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
 
 
 class ResourceCheckpointRow(SQLModel, table=True):
@@ -183,6 +187,9 @@ class ResourceCheckpointRow(SQLModel, table=True):
     generation: int = Field(sa_column=Column(BigInteger, nullable=False))
     checkpoint_ref: str = Field(sa_column=Column(Text, nullable=False))
     event_seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    # The seq of the first step after it that changed the resource: the checkpoint covers the
+    # event seqs [event_seq, superseded_seq) (migration 010).
+    superseded_seq: int | None = Field(default=None, sa_column=Column(BigInteger))
     created_at: datetime = _ts()
 
 

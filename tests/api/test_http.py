@@ -220,10 +220,33 @@ def test_suspend_without_live_children_does_not_suspend(
     assert "execution.suspended" not in [e["type"] for e in httpx.get(f"{server.url}/v0/executions/{eid}/events").json()]
 
 
-def test_unimplemented_sdk_extensions_are_404(server: ServerThread, running: Running, agent_client: AgentClient) -> None:
+def test_resource_routes_over_http_with_a_step_that_declares_the_resource(
+    server: ServerThread, running: Running, agent_client: AgentClient,
+) -> None:
     eid, did, att = running.start()
-    r = agent_client.lease(did, att).request("POST", f"/v0/executions/{eid}/resources/checkpoints", {})
+    agent_client.lease(did, att)
+    r = agent_client.request("POST", f"/v0/executions/{eid}/resources/checkpoints", {})
+    assert r.status_code == 204  # nothing to record
+    r = agent_client.request("POST", f"/v0/executions/{eid}/resources",
+                             {"key": "box", "driver_id": "dir", "configuration": {"x": 1}, "every_steps": 1})
+    assert r.status_code == 200 and r.json() == {"key": "box", "generation": 0, "binding": None, "checkpoint_ref": "",
+                                                 "covered": False, "every_steps": 1, "on_completion": False}
+    r = agent_client.request("POST", f"/v0/executions/{eid}/resources/nope/binding", {"binding": 1})
     assert r.status_code == 404 and r.json()["code"] == "not_found"
+    r = agent_client.request("POST", f"/v0/executions/{eid}/resources", {"key": "box", "driver_id": "other"})
+    assert r.status_code == 409 and r.json()["code"] == "conflict"
+    r = agent_client.request("POST", f"/v0/executions/{eid}/steps",
+                             {"kind": "tool_call", "target": "t", "args": {}, "resources": ["box"]})
+    assert r.status_code == 200 and r.json()["resources"] == [{"key": "box", "generation": 1, "due": True}]
+    sid = r.json()["step_id"]
+    r = agent_client.request("POST", f"/v0/executions/{eid}/steps/{sid}/complete",
+                             {"result": 1, "captures": [{"key": "box", "generation": 1, "checkpoint_ref": "c1"}]})
+    assert r.status_code == 200, r.text
+    [box] = httpx.get(f"{server.url}/v0/executions/{eid}/resources").json()
+    assert (box["generation"], box["covered"], box["checkpoint_ref"]) == (1, True, "c1")
+    r = agent_client.request("POST", f"/v0/executions/{eid}/steps",
+                             {"kind": "tool_call", "target": "u", "args": {}, "resources": ["missing"]})
+    assert r.status_code == 400 and r.json()["code"] == "validation_error"
 
 
 def test_health_and_ready(server: ServerThread) -> None:

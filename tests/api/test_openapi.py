@@ -12,8 +12,12 @@ from tests.support import ServerThread
 
 BODIES = {
     ("post", "/v0/executions/{execution_id}/steps"): {"kind", "target", "args", "idempotency", "resources"},
-    ("post", "/v0/executions/{execution_id}/steps/{step_id}/complete"): {"result"},
-    ("post", "/v0/executions/{execution_id}/steps/{step_id}/fail"): {"error"},
+    ("post", "/v0/executions/{execution_id}/steps/{step_id}/complete"): {"result", "captures", "capture_failures"},
+    ("post", "/v0/executions/{execution_id}/steps/{step_id}/fail"): {"error", "captures", "capture_failures"},
+    ("post", "/v0/executions/{execution_id}/resources"): {"key", "driver_id", "configuration", "coverage_reuse",
+                                                          "every_steps", "on_completion"},
+    ("post", "/v0/executions/{execution_id}/resources/{key}/binding"): {"binding"},
+    ("post", "/v0/executions/{execution_id}/resources/checkpoints"): {"captures", "capture_failures"},
     ("post", "/v0/executions/{execution_id}/complete"): {"output"},
     ("post", "/v0/executions/{execution_id}/fail"): {"error"},
     ("put", "/v0/agents/{agent_id}/metadata"): {"description", "input_schema", "output_schema"},

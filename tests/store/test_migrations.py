@@ -298,3 +298,32 @@ def test_version_6_database_migrates_and_gets_the_decision_rollup_tables(empty_s
     with store.read() as tx:
         assert tx.rollup_hours(hour, hour + timedelta(hours=1)) == {hour}
         assert tx.sum_rollup({"decision": "denied"}, hour, hour + timedelta(hours=1)) == [(hour, "denied", 3)]
+
+
+def test_version_9_database_migrates_to_resources_in_use(empty_store: SqlStore) -> None:
+    """010 adds a fork's `restoration`, a resource's `registered_seq` and a checkpoint's
+    `superseded_seq`; an execution written before reads with no restoration."""
+    from sqlalchemy import inspect
+
+    store = empty_store
+    migrate(store)
+    eid = new_uuid7()
+    with store.transaction() as tx:
+        tx.upsert_agent(Agent(id="a", webhook_url="http://127.0.0.1:9/h", secret="s", registered_at=T0))
+        tx.insert_execution(Execution(id=eid, agent_id="a", input=None, status=ExecutionStatus.RUNNING,
+                                      created_at=T0, updated_at=T0))
+    with store.engine.begin() as c:
+        for table, col in (("executions", "restoration"), ("resources", "registered_seq"),
+                           ("resource_checkpoints", "superseded_seq")):
+            c.execute(text(f"ALTER TABLE {table} DROP COLUMN {col}"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 9))
+    assert [m.version for m in migrate(store)] == [10]
+    with store.engine.connect() as c:
+        insp = inspect(c)
+        assert "restoration" in {col["name"] for col in insp.get_columns("executions")}
+        assert "registered_seq" in {col["name"] for col in insp.get_columns("resources")}
+        assert "superseded_seq" in {col["name"] for col in insp.get_columns("resource_checkpoints")}
+    with store.read() as tx:
+        e = tx.get_execution(eid)
+        assert e is not None and e.restoration is None
+        assert tx.list_resources(eid) == []

@@ -10,7 +10,15 @@ from pydantic import model_validator
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Name, Strict, _Number, dumps_lexical, parse_model, scrub_text
+from kernel.api.body import (
+    Name,
+    Strict,
+    _Number,
+    check_text,
+    dumps_lexical,
+    parse_model,
+    scrub_text,
+)
 from kernel.api.deps import (
     LeanRoute,
     agent_param,
@@ -22,9 +30,9 @@ from kernel.api.deps import (
     uuid_param,
 )
 from kernel.api.render import JSONResponse, execution_json, step_json
-from kernel.core import executions, sessions, steps
+from kernel.core import executions, resources, sessions, steps
 from kernel.domain import StepKind
-from kernel.errors import Forbidden, NotFound, ValidationError
+from kernel.errors import Forbidden, ValidationError
 from kernel.identity import args_hash, canonical_json
 
 router = APIRouter()
@@ -45,8 +53,8 @@ class SubmitBody(Strict):
     target: Name
     args: Any = None
     idempotency: Name = "safe_to_retry"
-    # Sent by the official SDK (0.29) on every submit; accepted and ignored (docs/api.md).
-    resources: Any = None
+    # The registered resources the body may change (docs/api.md, "Resources and checkpoints").
+    resources: list[Name] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -67,16 +75,51 @@ _SUBMIT_ENUMS: dict[str, dict[str, Any]] = {
 }
 
 
-class CompleteStepBody(Strict):
+class CaptureBody(Strict):
+    key: Name
+    generation: int
+    checkpoint_ref: Name
+
+
+class CaptureFailureBody(Strict):
+    key: Name
+    generation: int
+    error: str = ""
+
+
+class CapturesBody(Strict):
+    """A body's resource captures (docs/api.md, "Resources and checkpoints")."""
+
+    captures: list[CaptureBody] | None = None
+    capture_failures: list[CaptureFailureBody] | None = None
+
+    def parsed(self) -> dict[str, Any]:
+        return {
+            "captures": [resources.Capture(c.key, c.generation, c.checkpoint_ref) for c in self.captures or []],
+            "capture_failures": [resources.CaptureFailure(f.key, f.generation, scrub_text(f.error))
+                                 for f in self.capture_failures or []],
+        }
+
+
+class CompleteStepBody(CapturesBody):
     result: Any = None
-    captures: Any = None  # SDK extension: accepted, ignored
-    capture_failures: Any = None
 
 
-class FailStepBody(Strict):
+class FailStepBody(CapturesBody):
     error: Any = None
-    captures: Any = None
-    capture_failures: Any = None
+
+
+class ResourceBody(Strict):
+    key: Name
+    driver_id: Name
+    configuration: Any = None
+    coverage_reuse: bool = False
+    every_steps: int = 0
+    on_completion: bool = False
+
+
+class BindingBody(Strict):
+    binding: Any = None
 
 
 class CompleteExecutionBody(Strict):
@@ -111,6 +154,7 @@ async def submit_step(execution_id: str, request: Request) -> Response:
         args_text=text,
         args_hash=args_hash(text),
         idempotency=body.idempotency,
+        resources=tuple(dict.fromkeys(body.resources or ())),
     )
     k = kernel_of(request)
     try:
@@ -129,10 +173,10 @@ async def _outcome(request: Request, execution_id: str, step_id: str, failed: bo
     eid = uuid_param(execution_id, "execution id")
     if failed:
         fb = parse_model(FailStepBody, a.body)
-        kwargs: dict[str, Any] = {"error": fb.error, "failed": True}
+        kwargs: dict[str, Any] = {"error": fb.error, "failed": True, **fb.parsed()}
     else:
         cb = parse_model(CompleteStepBody, a.body)
-        kwargs = {"result": cb.result}
+        kwargs = {"result": cb.result, **cb.parsed()}
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
     answer = await call(
         steps.record_outcome, kernel_of(request), a.agent_id, eid, step_param(step_id), did, attempt, **kwargs
@@ -212,20 +256,42 @@ async def put_metadata(agent_id: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-# Extensions the SDK can call but Regent does not implement yet: a clear 404 (sdk-contract.md).
-_EXTENSIONS = ("resources", "resources/checkpoints")
+@router.post("/v0/executions/{execution_id}/resources",
+             openapi_extra=schema.operation(ResourceBody, answer=schema.RESOURCE))
+async def register_resource(execution_id: str, request: Request) -> Response:
+    a = await auth_of(request).agent(request)
+    eid = uuid_param(execution_id, "execution id")
+    body = parse_model(ResourceBody, a.body)
+    if body.every_steps < 0:
+        raise ValidationError("validation error: every_steps must be 0 or more")
+    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    reg = resources.Registration(body.key, body.driver_id, body.configuration, body.coverage_reuse,
+                                 body.every_steps, body.on_completion)
+    return JSONResponse(await call(resources.register, kernel_of(request), a.agent_id, eid, did, attempt, reg))
 
 
-def _not_implemented(name: str):  # type: ignore[no-untyped-def]
-    async def handler(execution_id: str, request: Request) -> Response:
-        raise NotFound(f"not found: {name} is not implemented by Regent")
+@router.post("/v0/executions/{execution_id}/resources/checkpoints",
+             openapi_extra=schema.operation(CapturesBody, ok=204))
+async def publish_checkpoints(execution_id: str, request: Request) -> Response:
+    a = await auth_of(request).agent(request)
+    eid = uuid_param(execution_id, "execution id")
+    body = parse_model(CapturesBody, a.body, allow_empty=True).parsed()
+    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    await call(resources.publish, kernel_of(request), a.agent_id, eid, did, attempt, body["captures"],
+               body["capture_failures"])
+    return Response(status_code=204)
 
-    return handler
 
-
-for _name in _EXTENSIONS:
-    router.add_api_route(f"/v0/executions/{{execution_id}}/{_name}", _not_implemented(_name),
-                         methods=["GET", "POST"], include_in_schema=False)
+@router.post("/v0/executions/{execution_id}/resources/{key}/binding",
+             openapi_extra=schema.operation(BindingBody, ok=204))
+async def bind_resource(execution_id: str, key: str, request: Request) -> Response:
+    a = await auth_of(request).agent(request)
+    eid = uuid_param(execution_id, "execution id")
+    body = parse_model(BindingBody, a.body)
+    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    await call(resources.bind, kernel_of(request), a.agent_id, eid, did, attempt, check_text(key, "resource key"),
+               body.binding)
+    return Response(status_code=204)
 
 
 # Dual read routes: signature when agent headers are present, else bearer executions:read.
@@ -268,3 +334,11 @@ async def get_step(execution_id: str, step_id: str, request: Request) -> Respons
     eid = uuid_param(execution_id, "execution id")
     s = await call(steps.get_step, kernel_of(request), eid, step_param(step_id), agent_id)
     return JSONResponse(step_json(s))
+
+
+@router.get("/v0/executions/{execution_id}/resources",
+            openapi_extra=schema.operation(answer=schema.array(schema.RESOURCE)))
+async def list_resources(execution_id: str, request: Request) -> Response:
+    agent_id = await _reader(request)
+    eid = uuid_param(execution_id, "execution id")
+    return JSONResponse(await call(resources.list_views, kernel_of(request), eid, agent_id))
