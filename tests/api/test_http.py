@@ -233,6 +233,16 @@ def test_resource_routes_over_http_with_a_step_that_declares_the_resource(
                                                  "covered": False, "every_steps": 1, "on_completion": False}
     r = agent_client.request("POST", f"/v0/executions/{eid}/resources/nope/binding", {"binding": 1})
     assert r.status_code == 404 and r.json()["code"] == "not_found"
+    # Registration again as the same bytes (the SDK's on-completion check) is accepted; a binding
+    # sent again as the same bytes is a replay, refused.
+    stamp = int(time.time())
+    again = {"key": "box", "driver_id": "dir", "configuration": {"x": 1}, "every_steps": 1}
+    for _ in range(2):
+        r = agent_client.request("POST", f"/v0/executions/{eid}/resources", again, ts=stamp)
+        assert r.status_code == 200, r.text
+    codes = [agent_client.request("POST", f"/v0/executions/{eid}/resources/box/binding", {"binding": {"p": 1}},
+                                  ts=stamp).status_code for _ in range(2)]
+    assert codes == [204, 401]
     r = agent_client.request("POST", f"/v0/executions/{eid}/resources", {"key": "box", "driver_id": "other"})
     assert r.status_code == 409 and r.json()["code"] == "conflict"
     r = agent_client.request("POST", f"/v0/executions/{eid}/steps",

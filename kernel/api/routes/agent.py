@@ -259,7 +259,7 @@ async def put_metadata(agent_id: str, request: Request) -> Response:
 @router.post("/v0/executions/{execution_id}/resources",
              openapi_extra=schema.operation(ResourceBody, answer=schema.RESOURCE))
 async def register_resource(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request)
+    a = await auth_of(request).agent(request, "repeatable")
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(ResourceBody, a.body)
     if body.every_steps < 0:
@@ -273,7 +273,7 @@ async def register_resource(execution_id: str, request: Request) -> Response:
 @router.post("/v0/executions/{execution_id}/resources/checkpoints",
              openapi_extra=schema.operation(CapturesBody, ok=204))
 async def publish_checkpoints(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request)
+    a = await auth_of(request).agent(request, "once")
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(CapturesBody, a.body, allow_empty=True).parsed()
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
@@ -285,7 +285,7 @@ async def publish_checkpoints(execution_id: str, request: Request) -> Response:
 @router.post("/v0/executions/{execution_id}/resources/{key}/binding",
              openapi_extra=schema.operation(BindingBody, ok=204))
 async def bind_resource(execution_id: str, key: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request)
+    a = await auth_of(request).agent(request, "once")
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(BindingBody, a.body)
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
