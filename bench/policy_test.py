@@ -1,5 +1,5 @@
 """`regent bench --scenarios policy-test`: `regent policy test` as a subprocess (start-up
-included) on 1 000 cases against the shell Rego bundle; goal ≤ 3 s wall. With `coverage=True`,
+included) on 1 000 cases against the shell Rego bundle; goal ≤ 2 s wall (issue 18 P6). With `coverage=True`,
 the same run with `--coverage` (Rego line coverage) alternates with the plain one; goal ≤ 1.5×."""
 
 from __future__ import annotations

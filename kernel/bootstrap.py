@@ -182,7 +182,7 @@ def shadow_runner(settings: Settings, kernel: Kernel) -> Any:
     from kernel.shadow import ShadowRunner
 
     rego = LazyRegoEngine(size=settings.shadow_rego_workers, timeout=settings.rego_timeout, acquire_timeout=0.05,
-                          nice=settings.shadow_rego_nice)
+                          nice=settings.shadow_rego_nice, spin_seconds=settings.rego_worker_spin_us / 1e6)
     runner = ShadowRunner(kernel, ShadowBundles(kernel.store, rego), queue_size=settings.shadow_queue_size,
                           flush_interval=settings.shadow_flush_interval)
     runner.start()
@@ -222,7 +222,8 @@ def build_runtime(settings: Settings) -> Runtime:
     from kernel.policy.resolver import BundleResolver, LazyRegoEngine
 
     resolver = BundleResolver(
-        store, rego=LazyRegoEngine(size=settings.rego_workers, timeout=settings.rego_timeout)
+        store, rego=LazyRegoEngine(size=settings.rego_workers, timeout=settings.rego_timeout,
+                                   spin_seconds=settings.rego_worker_spin_us / 1e6)
     )
     extra: dict[str, Any] = {"decision_log": decision_log} if decision_log is not None else {}
     kernel = build_kernel(settings, store, policy=resolver, limiter=limiter, judge=judge, **extra)

@@ -137,6 +137,8 @@ class Settings(BaseSettings):
     # Policy
     rego_timeout: float = 0.25
     rego_workers: int = 2
+    # How long (µs) a Rego worker polls for the next request after a reply before it blocks; 0 = off.
+    rego_worker_spin_us: int = Field(default=200, ge=0, le=100_000)
     # Shadow bundles (docs/policy-rollout.md): Rego workers of their own, so a slow or crashing
     # shadow never takes a worker from the active bundles; a bounded queue (full: counted as
     # dropped); how often tallies and disagreements are written.

@@ -55,11 +55,13 @@ class RegoCompiled:
 class LazyRegoEngine:
     """Starts the Rego worker pool on first use, so kernels without Rego bundles spawn nothing."""
 
-    def __init__(self, size: int = 2, timeout: float = 0.25, acquire_timeout: float = 5.0, nice: int = 0):
+    def __init__(self, size: int = 2, timeout: float = 0.25, acquire_timeout: float = 5.0, nice: int = 0,
+                 spin_seconds: float | None = None):
         self.size = size
         self.timeout = timeout
         self.acquire_timeout = acquire_timeout
         self.nice = nice
+        self.spin_seconds = spin_seconds  # None: the pool's default
         self._engine: Any = None
         self._lock = threading.Lock()
 
@@ -67,9 +69,11 @@ class LazyRegoEngine:
         with self._lock:
             if self._engine is None:
                 from kernel.policy.rego import RegoEngine
+                from kernel.policy.rego.pool import DEFAULT_SPIN_SECONDS
 
+                spin = DEFAULT_SPIN_SECONDS if self.spin_seconds is None else self.spin_seconds
                 self._engine = RegoEngine(size=self.size, timeout=self.timeout, acquire_timeout=self.acquire_timeout,
-                                          nice=self.nice)
+                                          nice=self.nice, spin_seconds=spin)
             return self._engine
 
     def close(self) -> None:

@@ -1,6 +1,7 @@
 """The Rego engine: bundles in OPA's layout, a load gate, and evaluation in worker processes.
 
-The kernel process never imports regopy; only `worker.py`, run as a child process, does.
+The kernel process never imports regopy; only the scripts run as child processes do: `worker.py` (with
+`native.py`, its rego-cpp glue), `rawbench.py` and `kernel/policy/testing/rego_child.py`.
 """
 
 from .bundle import (

@@ -1,6 +1,6 @@
 """Rego decision latency: raw in-process regopy vs the kernel's isolated path, side by side.
 
-The raw side runs in a child process (`worker.py --bench`), because the kernel process must
+The raw side runs in a child process (`rawbench.py`), because the kernel process must
 never import regopy; it times the public regopy API and the worker's own in-process path on the
 same compiled bundle and input. The isolated side times `RegoEngine.evaluate` end to end
 (input document → socket → worker → Decision). Ratios and percentiles only, never pass/fail.
@@ -20,9 +20,11 @@ from kernel.domain.decision import PolicyInput
 from .bundle import parse_rego_bundle
 from .document import input_document
 from .engine import RegoEngine
-from .pool import WORKER_SCRIPT, regopy_path
+from .pool import regopy_path
 
 __all__ = ["BENCH_BUNDLE", "BENCH_INPUT", "bench_rego"]
+
+RAW_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rawbench.py")
 
 BENCH_POLICY = """package shell
 import rego.v1
@@ -75,6 +77,19 @@ def _summary(samples: list[float]) -> dict[str, float]:
     }
 
 
+def _cpu(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (0 for one that is gone)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _raw(n: int) -> dict[str, Any]:
     bundle = parse_rego_bundle(BENCH_BUNDLE)
     request = {
@@ -84,7 +99,7 @@ def _raw(n: int) -> dict[str, Any]:
         "input": input_document(BENCH_INPUT),
     }
     proc = subprocess.run(
-        [sys.executable, "-s", "-S", "-P", WORKER_SCRIPT, "--bench", str(n)],
+        [sys.executable, "-s", "-S", "-P", RAW_SCRIPT, str(n)],
         input=json.dumps(request).encode(),
         capture_output=True,
         env={"PYTHONPATH": regopy_path()},
@@ -95,21 +110,32 @@ def _raw(n: int) -> dict[str, Any]:
 
 
 def bench_rego(n: int = 5000, *, pool_size: int = 2) -> dict[str, Any]:
-    """Time `n` evaluations each way; returns percentiles (ms) and isolated/raw ratios."""
+    """Time `n` evaluations each way; returns percentiles (ms) and isolated/raw ratios. The
+    isolated path is timed twice, interleaved in blocks: as configured, and with the workers'
+    poll-before-block off (`spin_seconds=0`), so what the poll buys is a side-by-side figure."""
     raw = _raw(n)
     bundle = parse_rego_bundle(BENCH_BUNDLE)
-    with RegoEngine(size=pool_size) as engine:
-        for _ in range(min(n, 500)):  # warm-up: compile in the worker, warm its caches
-            engine.evaluate(bundle, BENCH_INPUT)
-        samples = []
+    with RegoEngine(size=pool_size) as engine, RegoEngine(size=pool_size, spin_seconds=0) as blocking:
+        for e in (engine, blocking):
+            for _ in range(min(n, 500)):  # warm-up: compile in the worker, warm its caches
+                decision = e.evaluate(bundle, BENCH_INPUT)
+        samples: dict[str, list[float]] = {"polling": [], "blocking": []}
+        cpu0 = {"polling": _cpu(engine.worker_pids()), "blocking": _cpu(blocking.worker_pids())}
         clock = time.perf_counter
-        for _ in range(n):
-            t0 = clock()
-            decision = engine.evaluate(bundle, BENCH_INPUT)
-            samples.append(clock() - t0)
+        block = 100
+        for start in range(0, n, block):
+            for name, e in (("polling", engine), ("blocking", blocking)):
+                out = samples[name]
+                for _ in range(min(block, n - start)):
+                    t0 = clock()
+                    decision = e.evaluate(bundle, BENCH_INPUT)
+                    out.append(clock() - t0)
+        worker_cpu = {"polling": _cpu(engine.worker_pids()) - cpu0["polling"],
+                      "blocking": _cpu(blocking.worker_pids()) - cpu0["blocking"]}
     regopy_api = _summary(raw["timings"]["regopy_api"])
     worker_path = _summary(raw["timings"]["worker_path"])
-    isolated = _summary(samples)
+    isolated = _summary(samples["polling"])
+    no_poll = _summary(samples["blocking"])
     return {
         "n": n,
         "cpus": os.cpu_count(),
@@ -117,9 +143,14 @@ def bench_rego(n: int = 5000, *, pool_size: int = 2) -> dict[str, Any]:
         "raw_regopy": regopy_api,
         "raw_worker_path": worker_path,
         "isolated": isolated,
+        "isolated_no_poll": no_poll,
         "ratio_p50": round(isolated["p50_ms"] / regopy_api["p50_ms"], 3),
         "ratio_p99": round(isolated["p99_ms"] / regopy_api["p99_ms"], 3),
+        "ratio_p50_no_poll": round(no_poll["p50_ms"] / regopy_api["p50_ms"], 3),
         "ipc_overhead_p50_ms": round(isolated["p50_ms"] - worker_path["p50_ms"], 4),
+        # The workers' CPU per evaluation (their polling included), from /proc: what the poll costs.
+        "worker_cpu_us": round(worker_cpu["polling"] / n * 1e6, 1),
+        "worker_cpu_us_no_poll": round(worker_cpu["blocking"] / n * 1e6, 1),
         "targets": {"ratio_p50_max": 1.5, "isolated_p99_ms_max": 0.5},
         "decision": {"verdict": str(decision.verdict), "rule_id": decision.rule_id},
     }

@@ -21,7 +21,7 @@ from .bundle import RegoBundle
 from .decision import decision_from_output, eval_error
 from .diagnostics import CompileError, compile_errors
 from .document import input_document
-from .pool import DEFAULT_MAX_RSS_BYTES, WorkerFault, WorkerHandle, WorkerPool
+from .pool import DEFAULT_MAX_RSS_BYTES, DEFAULT_SPIN_SECONDS, WorkerFault, WorkerHandle, WorkerPool
 from .trace import ProbeError, locate_error
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "CompileReport", "ProbeError", "RegoEngine"]
@@ -73,6 +73,7 @@ class RegoEngine:
         max_rss_bytes: int = DEFAULT_MAX_RSS_BYTES,
         test_hooks: bool = False,
         nice: int = 0,
+        spin_seconds: float = DEFAULT_SPIN_SECONDS,
     ):
         self.timeout = timeout
         self.load_timeout = load_timeout
@@ -83,6 +84,7 @@ class RegoEngine:
             max_rss_bytes=max_rss_bytes,
             test_hooks=test_hooks,
             nice=nice,
+            spin_seconds=spin_seconds,
         )
         self._lock = threading.Lock()
         self._broken: OrderedDict[str, str] = OrderedDict()  # digest → bundle-error reason

@@ -1,10 +1,10 @@
 """A Rego worker process: compiles bundles once per content digest and evaluates their entrypoint.
 
-Run only by `pool.py`, as ``python -s -S -P worker.py FD [--test-hooks]``
+Run only by `pool.py`, as ``python -s -S -P worker.py FD [--test-hooks] [--spin-us N]``
 with ``PYTHONPATH`` set to regopy's directory and nothing else in the environment. The kernel never
 imports this file: it must not load regopy (regopy can segfault, abort, leak or loop; see
-regopy-notes.md), so every call into rego-cpp happens here and a fault costs only this
-process. ``--bench N`` instead times raw in-process evaluation for `bench.py`.
+regopy-notes.md), so every call into rego-cpp happens here (through `native.py`) and a fault costs
+only this process.
 """
 
 # ruff: noqa: I001
@@ -13,222 +13,47 @@ from __future__ import annotations  # a compiler directive, not an import: regop
 # regopy must be the first import: greenlet loaded before it makes every evaluation leak native
 # memory (regopy-notes hazard 3). -S keeps site (and any .pth file) from importing anything first.
 import regopy
-from regopy import rego_shared as _rs
 
 import contextlib
-import ctypes
 import importlib.util
 import json
-import json.encoder
 import os
 import resource
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections import OrderedDict
 from typing import Any
 
 
-def _load_protocol() -> Any:
-    # By path, not as kernel.policy.rego.protocol: importing the kernel package here would run
-    # package __init__ files that other modules own and might import anything.
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "protocol.py")
-    spec = importlib.util.spec_from_file_location("_regent_rego_protocol", path)
+def load_sibling(name: str) -> Any:
+    """A module of this directory, by path: importing the kernel package here would run package
+    __init__ files that other modules own and might import anything."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_regent_rego_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-P = _load_protocol()
+P = load_sibling("protocol")
+N = load_sibling("native")
 
-_lib = _rs.rego
-_libc = ctypes.CDLL(None)
-_new_input = _lib.regoNewInput
-_free_input = _lib.regoFreeInput
-_in_str = _lib.regoInputString
-_in_int = _lib.regoInputInt
-_in_float = _lib.regoInputFloat
-_in_bool = _lib.regoInputBoolean
-_in_null = _lib.regoInputNull
-_in_item = _lib.regoInputObjectItem
-_in_object = _lib.regoInputObject
-_in_array = _lib.regoInputArray
-_set_input = _lib.regoSetInput
-_query_entrypoint = _lib.regoBundleQueryEntrypoint
-_output_ok = _lib.regoOutputOk
-_free_output = _lib.regoFreeOutput
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-_escape = json.encoder.encode_basestring  # type: ignore[attr-defined]
-
-_NODE_ERROR_MESSAGE = 1801
-_NODE_ERROR_CODE = 1803
-
-# Builtins whose availability depends on how rego-cpp was built: a call and the value it must give.
-_PROBES = {
-    "time.now_ns": "time.now_ns() > 0",
-    "time.parse_ns": 'time.parse_ns("2006-01-02", "2026-12-02") == 1796169600000000000',
-    "time.parse_rfc3339_ns": 'time.parse_rfc3339_ns("2026-12-02T19:00:00+00:00") == 1796238000000000000',
-    "time.parse_duration_ns": 'time.parse_duration_ns("1h") == 3600000000000',
-    "time.format": 'time.format(0) == "1970-01-01T00:00:00.000000000Z"',
-    "time.date": "time.date(0) == [1970, 1, 1]",
-    "time.clock": "time.clock(0) == [0, 0, 0]",
-    "time.weekday": 'time.weekday(0) == "Thursday"',
-    "time.add_date": "time.add_date(0, 0, 0, 1) == 86400000000000",
-    "time.diff": "count(time.diff(0, 0)) == 6",
-    "crypto.md5": 'crypto.md5("a") == "0cc175b9c0f1b6a831c399e269772661"',
-    "crypto.sha1": 'crypto.sha1("a") == "86f7e437faa5a7fce15d1ddcb9eaeaea377667b8"',
-    "crypto.sha256": 'startswith(crypto.sha256("a"), "ca978112ca1bbdcafac231b39a23dc4d")',
-    "crypto.hmac.md5": 'count(crypto.hmac.md5("a", "k")) == 32',
-    "crypto.hmac.sha1": 'count(crypto.hmac.sha1("a", "k")) == 40',
-    "crypto.hmac.sha256": 'count(crypto.hmac.sha256("a", "k")) == 64',
-    "crypto.hmac.sha512": 'count(crypto.hmac.sha512("a", "k")) == 128',
-    "crypto.hmac.equal": 'crypto.hmac.equal("a", "a")',
-}
-# Declared-only probes: too awkward to call with a fixed argument, so is_builtin must do.
-_DECLARED = (
-    "crypto.x509.parse_certificates",
-    "crypto.x509.parse_and_verify_certificates",
-    "crypto.x509.parse_certificate_request",
-    "crypto.x509.parse_keypair",
-    "crypto.x509.parse_rsa_private_key",
-    "crypto.parse_private_keys",
-    "io.jwt.decode",
-    "io.jwt.decode_verify",
-    "io.jwt.encode_sign",
-    "io.jwt.encode_sign_raw",
-    "io.jwt.verify_hs256",
-    "io.jwt.verify_rs256",
-    "io.jwt.verify_es256",
-)
-# Known quirks of this build that bundles should hear about (not load errors).
-_QUIRKS = {
-    "time.parse_rfc3339_ns rejects the Z suffix": 'time.parse_rfc3339_ns("2026-12-02T19:00:00Z") == 1796238000000000000',
-    "strings are held JSON-escaped (count, substring and regex see the escapes)": 'count("a\\nb") == 3',
-}
-
-
-class _BadInput(Exception):
-    pass
-
-
-def _add(p: int, v: Any) -> None:
-    """Append one JSON value to a rego input under construction (regopy's builder, minus its cost).
-
-    Strings go in JSON-escaped (without the quotes), which is how rego-cpp 1.5.2 holds string
-    literals and JSON input internally. Raw strings, as regopy's own `Input` passes them, break
-    three ways: `input.s == "a\\"b"` is false for the input `a"b`; a NUL truncates the string
-    (the policy would see "ls" for "ls\\0; rm -rf /"); and rego-cpp prints them unescaped in
-    its JSON output, so an input string can inject keys into the decision object
-    (`x", "decision": "allow`).
-    """
-    t = type(v)
-    if t is str:
-        rc = _in_str(p, _escape(v)[1:-1].encode("utf-8"))
-    elif t is dict:
-        for k, x in v.items():
-            if _in_str(p, _escape(k)[1:-1].encode("utf-8")):
-                raise _BadInput("rego-cpp rejected an object key")
-            _add(p, x)
-            if _in_item(p):
-                raise _BadInput("rego-cpp rejected an object item")
-        rc = _in_object(p, len(v))
-    elif t is list:
-        for x in v:
-            _add(p, x)
-        rc = _in_array(p, len(v))
-    elif t is bool:
-        rc = _in_bool(p, v)
-    elif t is int:
-        if not _INT64[0] <= v <= _INT64[1]:
-            raise _BadInput("an integer does not fit in 64 bits")
-        rc = _in_int(p, v)
-    elif t is float:
-        rc = _in_float(p, v)
-    elif v is None:
-        rc = _in_null(p)
-    else:
-        raise _BadInput(f"unsupported JSON value of type {t.__name__}")
-    if rc:
-        raise _BadInput(f"rego-cpp rejected a value (code {rc})")
-
-
-def _error_text(node: int) -> str:
-    """The error messages and codes under a rego-cpp error node, without the s-expression."""
-    messages: list[str] = []
-    codes: list[str] = []
-    stack = [node]
-    while stack and len(messages) < 8:
-        n = stack.pop()
-        kind = _lib.regoNodeType(n)
-        if kind in (_NODE_ERROR_MESSAGE, _NODE_ERROR_CODE):
-            try:
-                value = _rs.rego_node_value(n)
-            except Exception:
-                value = ""
-            if value:
-                (messages if kind == _NODE_ERROR_MESSAGE else codes).append(value)
-            continue
-        stack.extend(_rs.rego_node_get(n, i) for i in reversed(range(_rs.rego_node_size(n))))
-    text = "; ".join(messages) or "unknown rego-cpp error"
-    if codes and codes[0] != "rego_error" and codes[0] not in text:
-        text = f"{codes[0]}: {text}"
-    return text
-
-
-class _StdoutCapture:
-    """Send fd 1 to a temp file for a while: rego-cpp prints its readable error report there."""
-
-    def __enter__(self) -> _StdoutCapture:
-        self.tmp = tempfile.TemporaryFile()
-        _libc.fflush(None)
-        self.saved = os.dup(1)
-        os.dup2(self.tmp.fileno(), 1)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _libc.fflush(None)  # C++ streams sit on C stdio; flush before the fd moves back
-        os.dup2(self.saved, 1)
-        os.close(self.saved)
-        self.tmp.seek(0)
-        self.text = self.tmp.read(64 * 1024).decode("utf-8", "replace")
-        self.tmp.close()
-
-
-def _probe_capabilities() -> dict[str, Any]:
-    interp = regopy.Interpreter()
-    unavailable = []
-    for name, check in _PROBES.items():
-        if not interp.is_builtin(name) or not _query_true(interp, check):
-            unavailable.append(name)
-    unavailable.extend(n for n in _DECLARED if not interp.is_builtin(n))
-    quirks = [quirk for quirk, check in _QUIRKS.items() if not _query_true(interp, check)]
-    return {
-        "pid": os.getpid(),
-        "regopy": getattr(regopy, "__version__", ""),
-        "build_info": regopy.build_info(),
-        "unavailable": sorted(unavailable),
-        "quirks": quirks,
-    }
-
-
-def _query_true(interp: Any, expression: str) -> bool:
-    try:
-        output = interp.query(f"x := {expression}")
-        text = str(output)
-    except Exception:
-        return False
-    return text.replace(" ", "").endswith('"bindings":{"x":true}}')
+DEFAULT_SPIN_SECONDS = 200e-6  # pool.DEFAULT_SPIN_SECONDS; the pool passes --spin-us
+_PREEMPTED_SECONDS = 30e-6  # one poll turn (recv + sched_yield) is ~2 µs unless something else ran
+_NO_POLL_SECONDS = 0.05
 
 
 class Worker:
-    def __init__(self, sock: socket.socket, *, test_hooks: bool, max_bundles: int = 64):
+    def __init__(self, sock: socket.socket, *, test_hooks: bool, max_bundles: int = 64,
+                 spin_seconds: float = DEFAULT_SPIN_SECONDS):
         self.last_prints = ""
         self.sock = sock
         self.test_hooks = test_hooks
         self.max_bundles = max_bundles
+        self.spin_seconds = spin_seconds
         self.runtime = regopy.Interpreter()
         self._strict_runtime: Any = None  # made on the first bundle loaded with "strict"
         self.builtin_checker = regopy.Interpreter()
@@ -236,6 +61,9 @@ class Worker:
         # while its bundle lives (freeing rego objects out of order is what crashes, hazard 2).
         self.bundles: OrderedDict[str, tuple[Any, Any, bytes, Any]] = OrderedDict()
         self.buffer = bytearray()
+        self._replied_at = 0.0
+        self._in_burst = False
+        self._no_poll_until = 0.0
 
     # -- framing ---------------------------------------------------------------------------
     def _recv_exact(self, n: int) -> bytes | None:
@@ -248,15 +76,56 @@ class Worker:
         del self.buffer[:n]
         return data
 
+    def _await_request(self) -> None:
+        """Wait for the next request's first bytes. While requests come back to back (the last one
+        arrived within ``spin_seconds`` of the reply before it), poll for up to that long before
+        blocking: a process blocked in recv() puts its CPU to sleep, and waking a sleeping vCPU
+        cost ~80 µs a round trip on a quiet 2-CPU VM, more than the evaluation itself. An idle
+        worker blocks as before. On a busy machine polling only loses: the poll yields the CPU
+        each turn, and once a turn shows that something else ran meanwhile, the worker blocks
+        (and does not poll for the next 50 ms), so a woken worker gets the CPU back promptly."""
+        if self.buffer:
+            return
+        clock = time.perf_counter
+        chunk = None
+        if self._in_burst:
+            last = clock()
+            deadline = last + self.spin_seconds
+            while True:
+                try:
+                    chunk = self.sock.recv(65536, socket.MSG_DONTWAIT)
+                    break
+                except BlockingIOError:
+                    os.sched_yield()
+                    now = clock()
+                    if now - last > _PREEMPTED_SECONDS:
+                        self._no_poll_until = now + _NO_POLL_SECONDS
+                        break
+                    if now >= deadline:
+                        break
+                    last = now
+        if chunk is None:
+            chunk = self.sock.recv(65536)
+        now = clock()
+        self._in_burst = (self.spin_seconds > 0 and now - self._replied_at <= self.spin_seconds
+                          and now >= self._no_poll_until)
+        self.buffer += chunk
+        if not chunk:
+            raise EOFError
+
     def send(self, op: int, payload: bytes = b"") -> None:
         self.sock.sendall(P.frame(op, payload))
 
     def serve(self) -> None:
-        self.send(P.OP_HELLO, json.dumps(_probe_capabilities()).encode())
+        self.send(P.OP_HELLO, json.dumps(N.probe_capabilities()).encode())
         while True:
+            try:
+                self._await_request()
+            except EOFError:
+                return  # the kernel closed its end: shut down quietly
             header = self._recv_exact(P.HEADER.size)
             if header is None:
-                return  # the kernel closed its end: shut down quietly
+                return
             length, op = P.HEADER.unpack(header)
             payload = self._recv_exact(length)
             if payload is None:
@@ -273,6 +142,7 @@ class Worker:
                 self.probe(payload)
             else:
                 self.fail(f"unknown op {op}")
+            self._replied_at = time.perf_counter()
 
     def fail(self, error: str, **extra: Any) -> None:
         self.send(P.OP_FAIL, json.dumps({"error": error, **extra}).encode())
@@ -292,7 +162,7 @@ class Worker:
             runtime = self._strict_runtime
         entrypoints = [req["entrypoint"], *(req.get("entrypoints") or [])]
         error = ""
-        with _StdoutCapture() as capture:
+        with N.StdoutCapture() as capture:
             try:
                 for name, source in req["modules"].items():
                     interp.add_module(name, source)
@@ -313,27 +183,15 @@ class Worker:
             self.bundles.popitem(last=False)
         self.send(P.OP_OK, json.dumps({"builtins": builtins}).encode())
 
-    def _trial(self, bundle: Any, entrypoint: bytes, runtime: Any = None) -> str:
+    def _trial(self, bundle: Any, entrypoint: bytes, runtime: Any) -> str:
         """Run the entrypoint once on an empty input: rego-cpp verifies a bundle's plans only
         when it first runs them, and a bundle that fails verification fails every step."""
-        runtime = runtime or self.runtime
-        p = _new_input()
-        try:
-            _in_object(p, 0)
-            _set_input(runtime._impl, p)
-        finally:
-            _free_input(p)
-        out = _query_entrypoint(runtime._impl, bundle._impl, entrypoint)
+        N.set_empty_input(runtime)
+        out = N.query_entrypoint(runtime, bundle, entrypoint)
         if not out:
             return ""
-        try:
-            text = _rs.rego_output_string(out) if _output_ok(out) else ""
-            if text[:1] in ("{", "[") or text == "undefined":
-                return ""
-            message = _error_text(_lib.regoOutputNode(out))
-        finally:
-            _free_output(out)
-        if "bundle verify" not in message:
+        kind, message = N.query_output(out)
+        if kind != "error" or "bundle verify" not in message:
             return ""  # an error on the empty input may well be the input's fault
         return (
             f"rego-cpp cannot run this bundle ({message}); rego-cpp 1.5.2 fails this way on "
@@ -367,41 +225,32 @@ class Worker:
             return
         if capture:
             # rego-cpp writes print() lines to stdout; only `policy eval --explain` asks for them.
-            with _StdoutCapture() as cap:
-                out = _query_entrypoint(runtime._impl, bundle._impl, entrypoint)
+            with N.StdoutCapture() as cap:
+                out = N.query_entrypoint(runtime, bundle, entrypoint)
             self.last_prints = cap.text
         else:
-            out = _query_entrypoint(runtime._impl, bundle._impl, entrypoint)
+            out = N.query_entrypoint(runtime, bundle, entrypoint)
         if not out:
-            self.fail(_rs.rego_get_error(runtime._impl) or "rego-cpp returned no output")
+            self.fail(N.last_error(runtime) or "rego-cpp returned no output")
             return
-        try:
-            text = _rs.rego_output_string(out) if _output_ok(out) else ""
-            if text[:1] in ("{", "["):
-                self.send(P.OP_VALUE, text.encode("utf-8"))
-            elif text == "undefined":
-                self.send(P.OP_UNDEFINED)
-            else:
-                self.fail(_error_text(_lib.regoOutputNode(out)))
-        finally:
-            _free_output(out)
-
+        kind, text = N.query_output(out)
+        if kind == "value":
+            self.send(P.OP_VALUE, text.encode("utf-8"))
+        elif kind == "undefined":
+            self.send(P.OP_UNDEFINED)
+        else:
+            self.fail(text)
 
     def _set_document(self, runtime: Any, document: Any) -> bool:
         """Give ``document`` to ``runtime`` as its input; answers OP_FAIL and returns False if
         rego-cpp cannot take it."""
         if self.test_hooks:
             _maybe_fault(document)
-        p = _new_input()
         try:
-            _add(p, document)
-            if _set_input(runtime._impl, p):
-                raise _BadInput("rego-cpp rejected the input document")
-        except (_BadInput, UnicodeEncodeError) as exc:
+            N.set_input(runtime, document)
+        except (N.BadInput, UnicodeEncodeError) as exc:
             self.fail(f"input document cannot be given to rego-cpp: {exc}")
             return False
-        finally:
-            _free_input(p)
         return True
 
     def probe(self, payload: bytes) -> None:
@@ -415,20 +264,17 @@ class Worker:
             return
         results: list[dict[str, Any]] = []
         for name in req.get("entrypoints") or []:
-            out = _query_entrypoint(runtime._impl, bundle._impl, str(name).encode("utf-8"))
+            out = N.query_entrypoint(runtime, bundle, str(name).encode("utf-8"))
             if not out:
-                results.append({"error": _rs.rego_get_error(runtime._impl) or "no output"})
+                results.append({"error": N.last_error(runtime) or "no output"})
                 continue
-            try:
-                text = _rs.rego_output_string(out) if _output_ok(out) else ""
-                if text[:1] in ("{", "["):
-                    results.append({"value": text})
-                elif text == "undefined":
-                    results.append({"undefined": True})
-                else:
-                    results.append({"error": _error_text(_lib.regoOutputNode(out))})
-            finally:
-                _free_output(out)
+            kind, text = N.query_output(out)
+            if kind == "value":
+                results.append({"value": text})
+            elif kind == "undefined":
+                results.append({"undefined": True})
+            else:
+                results.append({"error": text})
         self.send(P.OP_OK, json.dumps({"results": results}).encode("utf-8"))
 
 
@@ -446,68 +292,19 @@ def _maybe_fault(document: Any) -> None:
             time.sleep(1)
 
 
-def _bench(n: int) -> None:
-    """Raw in-process evaluation, for bench.py: bundle + input on stdin, timings on stdout."""
-    req = json.loads(sys.stdin.buffer.read())
-    interp = regopy.Interpreter()
-    for name, source in req["modules"].items():
-        interp.add_module(name, source)
-    interp.add_data_json(json.dumps(req.get("data") or {}))
-    bundle = interp.build(None, [req["entrypoint"]])
-    runtime = regopy.Interpreter()
-    document = req["input"]
-    entrypoint = req["entrypoint"]
-
-    def regopy_api() -> Any:
-        runtime.set_input(regopy.Input(document))
-        output = runtime.query_bundle_entrypoint(bundle, entrypoint)
-        return json.loads(str(output))
-
-    body = json.dumps(document).encode("utf-8")
-    ep_bytes = entrypoint.encode("utf-8")
-
-    def worker_path() -> Any:
-        # What Worker.evaluate does, minus the socket: decode, build the input, query.
-        doc = json.loads(body)
-        p = _new_input()
-        try:
-            _add(p, doc)
-            _set_input(runtime._impl, p)
-        finally:
-            _free_input(p)
-        out = _query_entrypoint(runtime._impl, bundle._impl, ep_bytes)
-        try:
-            return json.loads(_rs.rego_output_string(out))
-        finally:
-            _free_output(out)
-
-    timings: dict[str, list[float]] = {"regopy_api": [], "worker_path": []}
-    clock = time.perf_counter
-    for name, fn in (("regopy_api", regopy_api), ("worker_path", worker_path)):
-        for _ in range(min(n, 500)):  # warm-up
-            fn()
-        samples = timings[name]
-        for _ in range(n):
-            t0 = clock()
-            fn()
-            samples.append(clock() - t0)
-    sys.stdout.write(json.dumps({"timings": timings, "value": regopy_api()}))
-    sys.stdout.flush()
-
-
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "--bench":
-        _bench(int(argv[1]))
-        return 0
     fd = int(argv[0])
     test_hooks = "--test-hooks" in argv
+    spin = DEFAULT_SPIN_SECONDS
+    if "--spin-us" in argv:
+        spin = max(0.0, float(argv[argv.index("--spin-us") + 1]) / 1e6)
     # No RLIMIT_AS/RLIMIT_DATA: rego-cpp's allocator (snmalloc) reserves ~256 GB of address space
     # at start-up and aborts under either limit. The pool watches resident memory instead.
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash must not write a core file
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is the kernel's to handle
     sock = socket.socket(fileno=fd)
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the kernel went away
-        Worker(sock, test_hooks=test_hooks).serve()
+        Worker(sock, test_hooks=test_hooks, spin_seconds=spin).serve()
     return 0
 
 

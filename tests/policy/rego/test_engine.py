@@ -322,3 +322,20 @@ def test_capabilities_come_from_the_start_up_probe(engine: RegoEngine) -> None:
     assert caps["build_info"]
     assert isinstance(caps["unavailable"], list)
     assert isinstance(caps["quirks"], list)
+
+
+@pytest.mark.parametrize("spin_seconds", [0.0, 0.002], ids=["blocking", "polling"])
+def test_workers_answer_back_to_back_and_after_idling_whether_they_poll_or_not(spin_seconds: float) -> None:
+    policy = bundle_of('decision := {"decision": "allow", "rule_id": "ok"} if input.target == "t"\n')
+    with RegoEngine(size=1, spin_seconds=spin_seconds) as e:
+        [pid] = e.worker_pids()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        assert argv[argv.index(b"--spin-us") + 1] == f"{spin_seconds * 1e6:g}".encode()
+        # Back to back (the polling worker catches these while it polls), then after a pause
+        # longer than the poll (it has blocked by then).
+        assert [e.evaluate(policy, step(target="t")).rule_id for _ in range(50)] == ["ok"] * 50
+        threading.Event().wait(0.05)
+        assert e.evaluate(policy, step(target="t")).rule_id == "ok"
+        assert e.evaluate(policy, step(target="x")).rule_id == "default"
+        assert e.stats()["crashes"] == 0 and e.worker_pids() == [pid]
