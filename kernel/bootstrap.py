@@ -44,6 +44,7 @@ def build_kernel(settings: Settings, store: SqlStore, **overrides: Any) -> Kerne
         deadline_timeout=settings.deadline_timeout,
         retention=settings.retention,
         decision_retention=settings.decision_retention,
+        shadow_retention=settings.shadow_retention,
         record_decisions=settings.record_decisions,
         bootstrap_approvals=settings.bootstrap_approvals,
         agent_cache_ttl=settings.agent_cache_ttl,

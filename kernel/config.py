@@ -53,6 +53,7 @@ _DURATIONS = (
     "retention",
     "decision_retention",
     "decision_flush_interval",
+    "shadow_retention",
     "rego_timeout",
     "agent_cache_ttl",
     "console_session_ttl",
@@ -146,6 +147,9 @@ class Settings(BaseSettings):
     # How much lower the shadow workers' CPU priority is than the kernel's (nice increment):
     # their start-ups and evaluations yield the CPU to the active path
     shadow_rego_nice: int = Field(default=19, ge=0, le=19)
+    # Shadow disagreement rows older than this are deleted by the cleanup sweep; the tallies
+    # (counts) are kept. 0 = for ever
+    shadow_retention: float = 90 * 86400.0
     shadow_queue_size: int = Field(default=10_000, ge=1)
     shadow_flush_interval: float = 0.5
 

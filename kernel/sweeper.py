@@ -63,11 +63,12 @@ class Sweeper:
     def _cleanup(self, include_deadlines: bool) -> None:
         r = sweeps.cleanup_sweep(self.kernel, self.leader_key, include_deadlines=include_deadlines)
         if r is not None and (r.approvals_expired or r.executions_deleted or r.deadlines_cancelled
-                              or r.decisions_deleted or r.sessions_repaired):
+                              or r.decisions_deleted or r.disagreements_deleted or r.sessions_repaired):
             log.info("cleanup: %d approval(s) expired, %d execution(s) deleted, %d past deadline cancelled, "
-                     "%d decision record(s) past retention deleted, %d session/parent admission(s) repaired",
+                     "%d decision record(s) and %d shadow disagreement(s) past retention deleted, "
+                     "%d session/parent admission(s) repaired",
                      r.approvals_expired, r.executions_deleted, r.deadlines_cancelled, r.decisions_deleted,
-                     r.sessions_repaired)
+                     r.disagreements_deleted, r.sessions_repaired)
 
     def _deadlines(self) -> None:
         n = sweeps.deadline_sweep(self.kernel, self.leader_key)

@@ -87,6 +87,7 @@ class Kernel:
     deadline_timeout: float | None = None
     retention: float = 86400.0
     decision_retention: float = 90 * 86400.0  # the decisions table's own (docs/audit.md)
+    shadow_retention: float = 90 * 86400.0  # shadow disagreement rows' (docs/policy-rollout.md)
     record_decisions: bool = True  # write the decisions table (off only to measure its cost)
     bootstrap_approvals: bool = True  # may the bootstrap token (or dev access) decide approvals
     rng: random.Random = field(default_factory=random.Random)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from kernel.core import decision_log as dlog
@@ -312,6 +312,23 @@ def record(k: Kernel, batches: dict[int, Batch]) -> None:
                     shadow_outcome=j.outcome,
                     shadow_revision=(j.decision.policy_revision if j.decision else "") or j.ref.revision,
                     now=j.obs.observed_at, error=j.error)
+
+
+def delete_expired_disagreements(k: Kernel, batch: int = 1000, max_batches: int = 100) -> int:
+    """Retention of the disagreement rows (`shadow_retention`; 0 keeps them for ever), in bounded
+    batches. The tallies stay, so a report's totals still count what was deleted; its top targets,
+    top rules and samples come from the rows kept."""
+    if k.shadow_retention <= 0:
+        return 0
+    cutoff = k.clock.now() - timedelta(seconds=k.shadow_retention)
+    total = 0
+    for _ in range(max_batches):
+        with k.store.transaction() as tx:
+            n = tx.delete_shadow_disagreements_before(cutoff, batch)
+        total += n
+        if n < batch:
+            break
+    return total
 
 
 def shadowing_refs(k: Kernel) -> list[ShadowRef]:

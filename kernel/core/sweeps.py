@@ -12,6 +12,7 @@ from kernel.core.decisions import delete_expired_decisions, flush_decision_journ
 from kernel.core.executions import cancel_in_tx
 from kernel.core.kernel import Kernel
 from kernel.core.sessions import ended, repair
+from kernel.core.shadow import delete_expired_disagreements
 from kernel.domain import ExecutionStatus
 
 DEADLINE_REASON = "deadline_exceeded"
@@ -24,6 +25,7 @@ class CleanupResult:
     executions_deleted: int = 0
     deadlines_cancelled: int = 0
     decisions_deleted: int = 0
+    disagreements_deleted: int = 0  # shadow disagreement rows past REGENT_SHADOW_RETENTION
     sessions_repaired: int = 0  # stalled sessions admitted, ready suspended parents resumed
     # hours of decision counts rolled up for the audit chart (bookkeeping, not compared)
     decision_hours_rolled_up: int = field(default=0, compare=False)
@@ -107,6 +109,7 @@ def cleanup_sweep(k: Kernel, leader_key: str, *, include_deadlines: bool = False
             executions_deleted=delete_expired_executions(k),
             deadlines_cancelled=cancel_past_deadlines(k) if include_deadlines else 0,
             decisions_deleted=delete_expired_decisions(k),
+            disagreements_deleted=delete_expired_disagreements(k),
             sessions_repaired=repair(k),
             decision_hours_rolled_up=roll_up_recent(k),
         )

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from kernel.store import tables as t
@@ -101,6 +101,14 @@ class ShadowQueries:
         batch = list(rows)
         if batch:
             self.w.execute(insert(t.shadow_disagreements), batch)
+
+    def delete_shadow_disagreements_before(self, cutoff: datetime, limit: int) -> int:
+        """Retention: up to `limit` disagreement rows that occurred before `cutoff`, oldest first.
+        Rows are appended in about time order (each replica's batches), so walking the key
+        from its start finds them without an index on the time."""
+        c = t.shadow_disagreements.c
+        ids = select(c.id).where(c.occurred_at < cutoff).order_by(c.id).limit(limit).scalar_subquery()
+        return int(self.w.execute(delete(t.shadow_disagreements).where(c.id.in_(ids))).rowcount)
 
     def shadow_tallies(self, shadow_id: int) -> list[Any]:
         c = t.shadow_tallies.c

@@ -150,3 +150,46 @@ def test_a_rego_shadow_is_compiled_and_its_workers_started_before_its_first_step
         assert rep["disagreements"] == {"allow→deny": 1}
     finally:
         runner.close()
+
+
+def test_disagreement_rows_past_their_retention_are_deleted_and_the_tallies_kept(
+    kernel: Kernel, running: Running,
+) -> None:
+    from kernel.core import sweeps
+
+    kernel.policy = BundleResolver(kernel.store)
+    runner = ShadowRunner(kernel, _Deny(), flush_interval=0.05)
+    runner.start()
+    kernel.shadow = runner
+    try:
+        from kernel.core.policies import store_policy
+
+        store_policy(kernel, "shell", "yaml", ACTIVE)
+        shadow.store_shadow(kernel, "shell", "yaml", CANDIDATE, Actor("secops", "key"))
+        runner.reload()
+        eid, did, att = running.start()
+        for i in range(3):
+            submit_step(kernel, "shell", eid, did, att, _req(i))
+        assert runner.drain(30)
+        kernel.clock.advance(kernel.shadow_retention - 10)  # type: ignore[attr-defined]
+        for i in range(3, 5):
+            submit_step(kernel, "shell", eid, did, att, _req(i))
+        assert runner.drain(30)
+        kernel.clock.advance(20)  # type: ignore[attr-defined]
+        assert len(shadow.shadow_report(kernel, "shell")["samples"]) == 5
+        result = sweeps.cleanup_sweep(kernel, "k")
+        assert result is not None and result.disagreements_deleted == 3
+        rep = shadow.shadow_report(kernel, "shell")
+        assert len(rep["samples"]) == 2 and rep["top_targets"] == [("transfer_funds", 2)]
+        assert rep["totals"]["disagreed"] == 5 and rep["disagreements"] == {"allow→deny": 5}
+        kernel.shadow_retention = 0  # for ever
+        kernel.clock.advance(10 * 365 * 86400)  # type: ignore[attr-defined]
+        assert shadow.delete_expired_disagreements(kernel) == 0
+        assert len(shadow.shadow_report(kernel, "shell")["samples"]) == 2
+    finally:
+        runner.close()
+
+
+class _Deny:
+    def evaluate(self, ref: ShadowRef, inp: PolicyInput) -> Decision:
+        return Decision(Verdict.DENY, "deny-all", "the candidate denies")
