@@ -18,6 +18,7 @@ Statements with expanding parameters (`IN` lists) are not supported: spell const
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import namedtuple
 from collections.abc import Callable, Sequence
@@ -30,10 +31,14 @@ _Proc = Callable[[Any], Any] | None
 
 
 class _Plan:
-    __slots__ = ("has_results", "names", "plan", "positional", "results", "row", "sql")
+    __slots__ = ("has_results", "keep_cursor", "names", "plan", "positional", "results", "row", "sql")
 
     def __init__(self, stmt: ClauseElement, dialect: Dialect):
         compiled: Any = stmt.compile(dialect=dialect)  # a SQLCompiler (positiontup, binds, processors)
+        # psycopg reads a result whole at execute, so one cursor can serve every statement of its
+        # connection; an sqlite3 cursor keeps its statement (and a read snapshot) open until it is
+        # closed or reused, so there each statement has its own.
+        self.keep_cursor = dialect.name != "sqlite"
         self.sql: str = compiled.string
         self.positional: bool = bool(compiled.positional)
         self.names: tuple[str, ...] = tuple(compiled.positiontup or ()) if self.positional else tuple(compiled.binds)
@@ -77,6 +82,25 @@ class _Plan:
         return out
 
 
+def _cursor(conn: Connection) -> Any:
+    """The driver connection's cursor for prepared statements, made once and kept with the
+    connection (`info` lives as long as the driver connection): on psycopg a new cursor per
+    statement cost about as much as binding its parameters (PostgreSQL only, see `_Plan`)."""
+    info = conn.connection.info
+    cur = info.get("regent_cursor")
+    if cur is None:
+        cur = info["regent_cursor"] = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    return cur
+
+
+def _forget_cursor(conn: Connection) -> None:
+    """After a driver error the next statement gets a fresh cursor."""
+    cur = conn.connection.info.pop("regent_cursor", None)
+    if cur is not None:
+        with contextlib.suppress(Exception):  # the connection may be gone; its error is raised next
+            cur.close()
+
+
 class Prepared:
     """One Core statement with bind parameters; `run`/`first`/`all`/`scalar` take a dict of them."""
 
@@ -100,7 +124,8 @@ class Prepared:
     def _execute(self, conn: Connection, params: Any, fetch: str, many: bool = False) -> Any:
         plan = self._plan(conn)
         args = [plan.params(r) for r in params] if many else plan.params(params or {})
-        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        keep = plan.keep_cursor
+        cur = _cursor(conn) if keep else conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         try:
             if many:
                 cur.executemany(plan.sql, args)
@@ -117,9 +142,12 @@ class Prepared:
         except conn.dialect.loaded_dbapi.Error as exc:
             # The same path Connection.execute takes: wrapped as sqlalchemy.exc.*, and a
             # connection that was lost is invalidated so the pool does not hand it out again.
+            if keep:
+                _forget_cursor(conn)
             conn._handle_dbapi_exception(exc, plan.sql, args, cur, None)
         finally:
-            cur.close()
+            if not keep:
+                cur.close()
 
     def run(self, conn: Connection, params: dict[str, Any] | None = None) -> int:
         """Execute; returns the driver's rowcount."""
