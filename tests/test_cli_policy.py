@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
 
 from kernel.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 BUNDLE = "default_action: deny\nrules:\n  - id: allow-ls\n    when: {target: ls}\n    then: {decision: allow}\n"
 
@@ -71,3 +75,17 @@ def test_check_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_shipped_bundles_pass(capsys: pytest.CaptureFixture[str]) -> None:
     root = Path(__file__).resolve().parents[1]
     assert main(["policy", "test", str(root / "bundles"), "--fail-on-empty"]) == 0
+
+
+def test_policy_test_imports_no_web_stack_store_or_settings() -> None:
+    """Start-up is most of `regent policy test`'s wall time (issue 18 P6): the policy commands load
+    neither the web stack nor SQLAlchemy, pydantic-settings, PyJWT or greenlet (regopy-notes hazard 3)."""
+    code = (
+        "import sys\n"
+        "from kernel.cli import main\n"
+        f"rc = main(['policy', 'test', {str(ROOT / 'bundles' / 'payments-rego')!r}, '--format', 'json'])\n"
+        "heavy = ('sqlalchemy', 'sqlmodel', 'pydantic_settings', 'fastapi', 'starlette', 'uvicorn', 'jwt', 'greenlet')\n"
+        "print(rc, sorted(m for m in heavy if m in sys.modules), file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr[-2000:]

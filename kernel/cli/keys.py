@@ -8,17 +8,20 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from kernel.cli.common import console, settings_from
-from kernel.config import seconds
-from kernel.core.kernel import Kernel
 from kernel.errors import ConfigError, RegentError
+
+if TYPE_CHECKING:  # the store and the core are imported when a keys command runs, not for every command
+    from kernel.core.kernel import Kernel
 
 
 @contextmanager
 def _kernel(args: argparse.Namespace) -> Iterator[Kernel]:
+    from kernel.core.kernel import Kernel
     from kernel.store import open_store
     from kernel.store.migrations import migrate
 
@@ -45,6 +48,8 @@ def cmd_create(args: argparse.Namespace) -> int:
         expires = None
         if args.expires_in:
             try:
+                from kernel.config import seconds
+
                 expires = k.clock.now() + timedelta(seconds=seconds(args.expires_in))
             except ValueError as exc:
                 raise ConfigError(f"--expires-in: {exc}") from None
