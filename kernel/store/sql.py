@@ -12,7 +12,7 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, exists, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
 from kernel.domain import (
@@ -21,6 +21,7 @@ from kernel.domain import (
     Dispatch,
     Event,
     Execution,
+    ExecutionStatus,
     Step,
     StepStatus,
 )
@@ -330,11 +331,27 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
         return [r[0] for r in self.conn.execute(q).all()]
 
     def delete_terminal_executions_before(self, cutoff: datetime, limit: int) -> int:
+        """Retention (docs/configuration.md, REGENT_RETENTION): terminal executions last updated
+        before `cutoff`, except those something live still reads: a session is kept whole while
+        any of its executions is live or was updated since `cutoff` (its turns read the previous
+        ones), a child while its parent is live, a fork's source while the fork is live."""
+        e, other = t.executions.c, t.executions.alias("other").c
+        live = (ExecutionStatus.PENDING.value, ExecutionStatus.RUNNING.value, ExecutionStatus.BLOCKED.value)
+        session_busy = exists().where(other.session == e.session,
+                                      or_(other.status.in_(live), other.updated_at >= cutoff))
+        parent_live = exists().where(other.id == e.parent_execution_id, other.status.in_(live))
+        # The live executions are few (ix_executions_status): their sources, read once.
+        live_sources = select(other.forked_from).where(other.status.in_(live), other.forked_from.is_not(None))
         ids = [
             r[0]
             for r in self.conn.execute(
-                select(t.executions.c.id)
-                .where(t.executions.c.status.in_(TERMINAL_EXECUTIONS), t.executions.c.updated_at < cutoff)
+                select(e.id)
+                .where(
+                    e.status.in_(TERMINAL_EXECUTIONS), e.updated_at < cutoff,
+                    or_(e.session.is_(None), ~session_busy),
+                    or_(e.parent_execution_id.is_(None), ~parent_live),
+                    e.id.not_in(live_sources),
+                )
                 .limit(limit)
             ).all()
         ]

@@ -151,6 +151,68 @@ def test_retention_counts_from_the_last_update(kernel: Kernel, running: Running)
     assert sweeps.delete_expired_executions(kernel, batch=1) == 1
 
 
+def _claimed(kernel: Kernel, eid: str) -> tuple[str, int]:
+    from kernel.core.dispatch import claim_due
+
+    c = next(c for c in claim_due(kernel, 100) if c.execution_id == eid)
+    return c.dispatch_id, c.attempt
+
+
+def _deleted(kernel: Kernel, *ids: str) -> list[bool]:
+    with kernel.store.read() as tx:
+        return [tx.get_execution(i) is None for i in ids]
+
+
+def test_retention_keeps_a_session_whole_while_one_of_its_executions_is_live(
+    kernel: Kernel, running: Running,
+) -> None:
+    from kernel.core import sessions
+    from kernel.core.executions import Lineage
+
+    kernel.retention = 60
+    lin = Lineage(session="conv")
+    first = executions.create_execution(kernel, "shell", "turn-1", lineage=lin)[0].id
+    executions.finish_execution(kernel, "shell", first, *_claimed(kernel, first), output="a", state={"n": 1})
+    advance(kernel, 3600)  # the first turn is long past retention; the session goes on
+    second = executions.create_execution(kernel, "shell", "turn-2", lineage=lin)[0].id
+    lease = _claimed(kernel, second)
+    advance(kernel, 3600)  # the second turn is still running, an hour later
+    lone = _finish(kernel, running)  # outside any session: deleted as before
+    advance(kernel, 61)
+    assert sweeps.delete_expired_executions(kernel) == 1
+    assert _deleted(kernel, first, second, lone) == [False, False, True]
+    assert sessions.previous_state(kernel, second, None)["state"] == {"n": 1}
+    executions.finish_execution(kernel, "shell", second, *lease, output="b")
+    advance(kernel, 30)
+    assert sweeps.delete_expired_executions(kernel) == 0  # its newest turn ended 30 s ago
+    advance(kernel, 31)
+    assert sweeps.delete_expired_executions(kernel) == 2  # the session ages out as a whole
+    assert _deleted(kernel, first, second) == [True, True]
+
+
+def test_retention_keeps_the_children_of_a_live_parent_and_the_source_of_a_live_fork(
+    kernel: Kernel, running: Running,
+) -> None:
+    from kernel.core import forks
+    from kernel.core.executions import Lineage
+
+    kernel.retention = 60
+    parent, _, _ = running.start()
+    child = executions.create_execution(kernel, "shell", None, lineage=Lineage(parent_execution_id=parent))[0].id
+    executions.finish_execution(kernel, "shell", child, *_claimed(kernel, child), output="c")
+    source = _finish(kernel, running)
+    fork = forks.fork_execution(kernel, source, 0)
+    did, att = _claimed(kernel, fork.id)
+    advance(kernel, 3600)
+    assert sweeps.delete_expired_executions(kernel) == 0  # the parent and the fork are live
+    assert _deleted(kernel, child, source) == [False, False]
+    executions.cancel_execution(kernel, parent)
+    executions.finish_execution(kernel, "shell", fork.id, did, att, output=None)
+    advance(kernel, 61)
+    assert sweeps.delete_expired_executions(kernel) == 4
+    assert _deleted(kernel, parent, child, source, fork.id) == [True] * 4
+
+
 # -- leader gating ------------------------------------------------------------------------
 @pytest.mark.postgres
 def test_sweeps_skip_when_another_replica_leads(pg_database: str, clock: Any) -> None:
