@@ -27,7 +27,7 @@ from kernel.console.web import (
     templates,
     viewer,
 )
-from kernel.core import agents, decisions, policies
+from kernel.core import agents, decisions, policies, timeline
 from kernel.domain import DecisionOutcome
 from kernel.errors import ValidationError
 
@@ -171,7 +171,7 @@ async def audit_page(request: Request) -> Response:
     return page(request, v, "audit.html", section="audit", result=result, fields=fields,
                 agents=[a.id for a in known], outcomes=[o.value for o in DecisionOutcome],
                 shortcuts=list(RULE_SHORTCUTS), export=export, outcome_styles=OUTCOMES,
-                wire=WIRE_ANSWERS)
+                wire=WIRE_ANSWERS, timeline_page=timeline.TIMELINE_EVENTS)
 
 
 @router.get("/console/audit/chart.svg")

@@ -71,10 +71,16 @@ def test_a_long_timeline_is_paged_with_links_to_every_part_of_it(ck: ConsoleKern
     assert last.endswith("‹ earlier") and f"of {total}" in last and f"–{total} of" in last
     assert page.locator("tr.event", has_text="execution.completed").count() == 1
     assert page.locator("dl.facts div", has_text="Steps").locator("dd").inner_text() == "200"  # all, not this page's
+    last_step = page.locator("tr.step").last.get_attribute("id")
     page.screenshot(path=str(shot(page, "timeline-paged")), clip={"x": 0, "y": 0, "width": 1280, "height": 800})
     page.click("nav.pager .first >> nth=0")
     assert page.locator("tr.event", has_text="execution.created").count() == 1
     assert page.locator("tr.step").count() >= 100
+    # The audit links a decision to its step, on the timeline page that holds its event.
+    page.goto(f"{ck.url}/console/audit?execution_id={eid}")
+    page.click(f"a[href$='#{last_step}']")
+    page.wait_for_url(re.compile(r"after_seq=\d+#step-"))
+    assert page.locator(f"tr#{last_step}").is_visible()
 
 
 def test_executions_list_filters_by_status_and_shows_counts(ck: ConsoleKernel, page: Any) -> None:
@@ -340,7 +346,7 @@ def test_a_denied_step_is_found_by_the_audit_search_and_is_in_both_exports(ck: C
     page.fill("input[name=target]", "fs_delete")
     page.click("#audit-search button[type=submit]")
     page.wait_for_url(re.compile(r"decision=denied"))
-    rows = page.locator("tr.decision-row", has=page.locator(f"a[href='/console/executions/{eid}']"))
+    rows = page.locator("tr.decision-row", has=page.locator(f"a[href^='/console/executions/{eid}#step-']"))
     assert rows.count() == 1
     assert rows.first.locator(".rule-id").inner_text() == "default"
     assert {t for t in page.locator("tr.decision-row .target").all_inner_texts()} == {"fs_delete"}
