@@ -85,6 +85,8 @@ _BODIES = {
     "/v0/executions/{execution_id}/steps/{step_id}/stream": b'{"seq":1,"data":"x"}',
     "/v0/executions/{execution_id}/complete": b'{"output":1}',
     "/v0/executions/{execution_id}/fail": b'{"error":"agent_error: x"}',
+    "/v0/executions/{execution_id}/resources": b'{"key":"box","driver_id":"dir"}',
+    "/v0/executions/{execution_id}/resources/{key}/binding": b'{"binding":{"path":"/tmp/x"}}',
     "/v0/executions": b'{"agent_id":"auth"}',
     "/v0/agents": b'{"id":"auth-new","webhook_url":"http://127.0.0.1:9/webhook","secret":"s"}',
     "/v0/policies/{agent_id}": b'{"bundle":"","kind":"yaml"}',
@@ -93,7 +95,7 @@ _BODIES = {
 
 # Agent mutations whose nonce-less byte-identical repeat the kernel accepts (docs/api.md).
 REPEATABLE_WITHOUT_NONCE = frozenset({"/v0/executions/{execution_id}/steps", "/v0/executions/{execution_id}/suspend",
-                                      "/v0/agents/{agent_id}/metadata"})
+                                      "/v0/agents/{agent_id}/metadata", "/v0/executions/{execution_id}/resources"})
 
 
 def _valid_body(method: str, template: str) -> bytes:
