@@ -48,6 +48,7 @@ from kernel.store.statements import (
     INDETERMINATE,
     INSERT_DECISION,
     INSERT_EVENT_ROWS,
+    INSERT_EVENT_ROWS_AND_DECISION,
     INSERT_EVENTS,
     INSERT_STEP,
     LENT_STEP,
@@ -397,16 +398,24 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
                 (execution_id, first + i, str(typ), codec.dumps(payload), now)
                 for i, (typ, payload) in enumerate(events)
             ]
-            if n <= MAX_EVENT_ROWS:
-                INSERT_EVENT_ROWS.get(n).run(
-                    self.w, {f"{c}_{i}": v for i, row in enumerate(rows) for c, v in zip(EVENT_COLUMNS, row, strict=True)}
-                )
-            else:
-                INSERT_EVENTS.many(self.w, [dict(zip(EVENT_COLUMNS, row, strict=True)) for row in rows])
+            params: dict[str, Any] | None = None
             if decision is not None:
                 index, record = decision
                 params = decision_params(record)
                 params["event_seq"] = first + index
+            event_params = (
+                {f"{c}_{i}": v for i, row in enumerate(rows) for c, v in zip(EVENT_COLUMNS, row, strict=True)}
+                if n <= MAX_EVENT_ROWS else None
+            )
+            if event_params is not None and params is not None and self.w.dialect.name == "postgresql":
+                event_params.update({f"d_{c}": v for c, v in params.items()})
+                INSERT_EVENT_ROWS_AND_DECISION.get(n).run(self.w, event_params)  # one round trip
+                params = None
+            elif event_params is not None:
+                INSERT_EVENT_ROWS.get(n).run(self.w, event_params)
+            else:
+                INSERT_EVENTS.many(self.w, [dict(zip(EVENT_COLUMNS, row, strict=True)) for row in rows])
+            if params is not None:
                 INSERT_DECISION.run(self.w, params)
             for i, (typ, payload) in enumerate(events):
                 if typ in OUTCOME_EVENT_TYPES and "step_id" in payload:

@@ -198,3 +198,10 @@ LENT_STEP = Prepared(
 DECISION_COLUMNS = tuple(c.key for c in t.decisions.c)
 # A decision's record goes to the journal (tables.py); the journal's cleanup moves it to `decisions`.
 INSERT_DECISION = Prepared(insert(t.decision_journal).values({c: param(c) for c in DECISION_COLUMNS}))
+# PostgreSQL only (a data-modifying CTE): the events of a step and its decision's journal row in
+# one statement, so the record costs no round trip of its own. Decision parameters are `d_<column>`.
+INSERT_EVENT_ROWS_AND_DECISION = PreparedCache(
+    lambda n: insert(t.events).values(
+        [{c: param(f"{c}_{i}") for c in EVENT_COLUMNS} for i in range(n)]
+    ).add_cte(insert(t.decision_journal).values({c: param(f"d_{c}") for c in DECISION_COLUMNS}).cte("decision_row"))
+)
