@@ -236,9 +236,26 @@ def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ..
     `skip`/`xfail` marks apply; ``evaluate`` replaces ``bundle.evaluate`` (line coverage)."""
     report = Report()
     seen: set[str] = set()
-    decide = evaluate or bundle.evaluate
     clock = time.perf_counter
-    for c in cases:
+    inputs: dict[int, PolicyInput] = {}
+    for i, c in enumerate(cases):
+        if c.mark_for(c.skip, kind) is None:
+            # args are evaluated exactly like submitted args: JSON-serialised, then decoded.
+            args = json.loads(json.dumps(c.args, sort_keys=True)) if c.args is not None else None
+            extra: dict[str, Any] = {k: c.context[k] for k in ("now", "usage", "execution") if k in c.context}
+            if "usage" in extra:
+                extra["usage"] = {"input_tokens": 0, "output_tokens": 0, **extra["usage"]}
+            inputs[i] = PolicyInput(agent_id=c.agent_id, kind=c.kind, target=c.target, args=args, **extra)
+    # A Rego bundle evaluates every case in a few worker calls (each case's time is its share).
+    many = getattr(bundle, "evaluate_many", None) if evaluate is None else None
+    decided: dict[int, tuple[Decision, float]] = {}
+    if many is not None and inputs:
+        started = clock()
+        decisions = many(list(inputs.values()))
+        share = (clock() - started) / len(inputs)
+        decided = {i: (d, share) for i, d in zip(inputs, decisions, strict=True)}
+    decide = evaluate or bundle.evaluate
+    for i, c in enumerate(cases):
         skip = c.mark_for(c.skip, kind)
         if skip is not None:
             report.results.append(CaseResult(c, "", "", skip.reason, True, status="skip"))
@@ -246,12 +263,7 @@ def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ..
                 on_case()
             continue
         started = clock()
-        # args are evaluated exactly like submitted args: JSON-serialised, then decoded.
-        args = json.loads(json.dumps(c.args, sort_keys=True)) if c.args is not None else None
-        extra: dict[str, Any] = {k: c.context[k] for k in ("now", "usage", "execution") if k in c.context}
-        if "usage" in extra:
-            extra["usage"] = {"input_tokens": 0, "output_tokens": 0, **extra["usage"]}
-        d = decide(PolicyInput(agent_id=c.agent_id, kind=c.kind, target=c.target, args=args, **extra))
+        d, took = decided[i] if i in decided else (decide(inputs[i]), 0.0)
         if d.judge is not None:  # judge rules ask the case's stand-in, or deny as unconfigured
             d = resolve_judge(d, JudgeAnswer.mocked(c.context.get("judge")))
         seen.add(d.rule_id)
@@ -273,7 +285,8 @@ def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ..
         if xfail is not None:
             status = "xfail" if failure else "xpass"
             failure = "" if failure else f"passed, but marked xfail ({xfail.reason or 'no reason given'})"
-        report.results.append(CaseResult(c, got, d.rule_id, reason, not failure, failure, status, clock() - started))
+        report.results.append(CaseResult(c, got, d.rule_id, reason, not failure, failure, status,
+                                         took + clock() - started))
         if on_case is not None:
             on_case()
     report.unexercised_rules = [r for r in rule_ids if r not in seen]

@@ -51,6 +51,10 @@ class RegoCompiled:
     def evaluate(self, inp: PolicyInput) -> Decision:
         return self.engine.evaluate(self.bundle, inp)  # type: ignore[no-any-return]
 
+    def evaluate_many(self, inputs: list[PolicyInput]) -> list[Decision]:
+        """Each input's decision, in batched worker calls (the policy test runner)."""
+        return self.engine.evaluate_many(self.bundle, inputs)  # type: ignore[no-any-return]
+
 
 class LazyRegoEngine:
     """Starts the Rego worker pool on first use, so kernels without Rego bundles spawn nothing."""

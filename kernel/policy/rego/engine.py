@@ -31,6 +31,8 @@ log = logging.getLogger("kernel.policy.rego")
 DEFAULT_TIMEOUT_SECONDS = 0.25
 _WORKER_BUNDLE_CACHE = 64  # worker.Worker.max_bundles
 _BROKEN_MEMORY = 256
+_BATCH = 256  # input documents per OP_EVAL_BATCH
+_BATCH_SECONDS_PER_INPUT = 0.01  # on top of the timeout, for a whole batch
 _OUTCOME_COUNTER = {
     Verdict.ALLOW: "allowed",
     Verdict.DENY: "denied",
@@ -118,6 +120,23 @@ class RegoEngine:
             outcome = _OUTCOME_COUNTER[decision.verdict]
             setattr(self, outcome, getattr(self, outcome) + 1)
         return decision
+
+    def evaluate_many(self, bundle: RegoBundle, inputs: list[PolicyInput]) -> list[Decision]:
+        """What `evaluate` answers for each input, in worker calls of up to 256 inputs (the policy
+        test runner's cases). A batch that faults (a crash, a timeout) or cannot be sent is
+        evaluated again one input at a time, so only the input at fault gets its eval-error."""
+        documents = [input_document(i) for i in inputs]
+        out: list[Decision] = []
+        for start in range(0, len(documents), _BATCH):
+            chunk = documents[start : start + _BATCH]
+            got = self._evaluate_batch(bundle, chunk)
+            out += got if got is not None else [self._evaluate(bundle, d) for d in chunk]
+        with self._lock:
+            self.evaluations += len(out)
+            for decision in out:
+                outcome = _OUTCOME_COUNTER[decision.verdict]
+                setattr(self, outcome, getattr(self, outcome) + 1)
+        return out
 
     def explain(self, bundle: RegoBundle, inp: PolicyInput) -> tuple[Decision, str]:
         """The decision and what the policy's `print()` calls wrote while making it."""
@@ -212,7 +231,6 @@ class RegoEngine:
             setattr(self, name, getattr(self, name) + n)
 
     def _evaluate(self, bundle: RegoBundle, document: dict[str, Any], prints: list[str] | None = None) -> Decision:
-        revision = bundle.revision
         broken = self._broken.get(bundle.digest)
         if broken is not None:
             return self._bundle_error(bundle, broken)
@@ -269,23 +287,80 @@ class RegoEngine:
             return self._eval_error(bundle, reason, logged=True)
         self._pool.release(w)
         w.loaded.move_to_end(bundle.digest)
-        kind = document.get("kind", "") if isinstance(document, dict) else ""
         if op == P.OP_UNDEFINED:
-            value: Any = None
-            defined = False
-        elif op == P.OP_VALUE:
+            return self._decision(bundle, document, "undefined", "")
+        if op == P.OP_VALUE:
+            return self._decision(bundle, document, "value", reply)
+        if op == P.OP_FAIL:
+            return self._decision(bundle, document, "error", _error_of(reply))
+        return self._eval_error(bundle, f"unexpected reply {op} from the rego worker")
+
+    def _evaluate_batch(self, bundle: RegoBundle, documents: list[dict[str, Any]]) -> list[Decision] | None:
+        """One OP_EVAL_BATCH call for ``documents``; None when the caller should evaluate them one
+        by one instead (no worker, the bundle not loaded, a fault, a reply that does not fit)."""
+        broken = self._broken.get(bundle.digest)
+        if broken is not None:
+            return [self._bundle_error(bundle, broken) for _ in documents]
+        if self._pool.closed:
+            return None
+        try:
+            body = json.dumps(documents, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError, UnicodeEncodeError):
+            return None
+        w = self._pool.acquire(self.acquire_timeout)
+        if w is None:
+            return None
+        timeout = self.timeout + _BATCH_SECONDS_PER_INPUT * len(documents)
+        try:
+            for _attempt in range(2):
+                if bundle.digest not in w.loaded and not self._load_on(w, bundle).ok:
+                    self._pool.release(w)
+                    return None  # one by one: the first input remembers why it is broken
+                op, reply = w.call(P.OP_EVAL_BATCH, bundle.digest.encode("ascii") + body, timeout)
+                if op != P.OP_MISSING:
+                    break
+                w.loaded.pop(bundle.digest, None)
+        except WorkerFault as fault:
+            how, _ = self._pool.discard(w, fault)  # counted when the input at fault faults again
+            log.info("rego worker %d %s on a batch of %d inputs of bundle revision %s: evaluating them one by one",
+                     w.pid, how, len(documents), bundle.revision)
+            return None
+        self._pool.release(w)
+        w.loaded.move_to_end(bundle.digest)
+        try:
+            results = json.loads(reply)["results"] if op == P.OP_OK else None
+        except (ValueError, KeyError, TypeError):
+            results = None
+        if not isinstance(results, list) or len(results) != len(documents):
+            return None
+        out = []
+        for document, r in zip(documents, results, strict=True):
+            if not isinstance(r, dict):
+                out.append(self._eval_error(bundle, "the rego worker returned an unreadable batch result"))
+            elif "value" in r:
+                out.append(self._decision(bundle, document, "value", str(r["value"]).encode("utf-8")))
+            elif r.get("undefined"):
+                out.append(self._decision(bundle, document, "undefined", ""))
+            else:
+                out.append(self._decision(bundle, document, "error", str(r.get("error", "unknown error"))))
+        return out
+
+    def _decision(self, bundle: RegoBundle, document: dict[str, Any], outcome: str, text: str | bytes) -> Decision:
+        """The Decision for what the worker answered: "value" (rego-cpp's rendering of the
+        entrypoint's output), "undefined", or "error" (its message)."""
+        revision = bundle.revision
+        kind = document.get("kind", "") if isinstance(document, dict) else ""
+        value: Any = None
+        defined = outcome == "value"
+        if outcome == "value":
             try:
-                results = json.loads(reply)
-                value = results["expressions"][0]
-                defined = True
+                value = json.loads(text)["expressions"][0]
             except (ValueError, KeyError, IndexError, TypeError):
                 return self._eval_error(bundle, "rego-cpp returned an unreadable value")
-        elif op == P.OP_FAIL:
-            message = _error_of(reply)
+        elif outcome == "error":
+            message = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
             where = self._locate(bundle, document, message)
             return self._eval_error(bundle, f"rego evaluation failed: {message}{where}")
-        else:
-            return self._eval_error(bundle, f"unexpected reply {op} from the rego worker")
         decision = decision_from_output(
             value,
             defined=defined,

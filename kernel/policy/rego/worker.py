@@ -140,6 +140,8 @@ class Worker:
                 self.load(json.loads(payload))
             elif op == P.OP_PROBE:
                 self.probe(payload)
+            elif op == P.OP_EVAL_BATCH:
+                self.evaluate_batch(payload)
             else:
                 self.fail(f"unknown op {op}")
             self._replied_at = time.perf_counter()
@@ -241,6 +243,40 @@ class Worker:
         else:
             self.fail(text)
 
+    def evaluate_batch(self, payload: bytes) -> None:
+        """The entrypoint on each of several input documents (OP_EVAL_BATCH)."""
+        found = self._request(payload, "input documents")
+        if found is None:
+            return
+        entry, documents = found
+        if not isinstance(documents, list):
+            self.fail("a batch is a JSON array of input documents")
+            return
+        _, bundle, entrypoint, runtime = entry
+        results: list[dict[str, Any]] = []
+        for document in documents:
+            if self.test_hooks:
+                _maybe_fault(document)
+            try:
+                N.set_input(runtime, document)
+            except (N.BadInput, UnicodeEncodeError) as exc:
+                results.append({"error": f"input document cannot be given to rego-cpp: {exc}"})
+                continue
+            results.append(self._query(runtime, bundle, entrypoint))
+        self.send(P.OP_OK, json.dumps({"results": results}).encode("utf-8"))
+
+    @staticmethod
+    def _query(runtime: Any, bundle: Any, entrypoint: bytes) -> dict[str, Any]:
+        out = N.query_entrypoint(runtime, bundle, entrypoint)
+        if not out:
+            return {"error": N.last_error(runtime) or "rego-cpp returned no output"}
+        kind, text = N.query_output(out)
+        if kind == "value":
+            return {"value": text}
+        if kind == "undefined":
+            return {"undefined": True}
+        return {"error": text}
+
     def _set_document(self, runtime: Any, document: Any) -> bool:
         """Give ``document`` to ``runtime`` as its input; answers OP_FAIL and returns False if
         rego-cpp cannot take it."""
@@ -262,19 +298,7 @@ class Worker:
         _, bundle, _, runtime = entry
         if not self._set_document(runtime, req.get("input")):
             return
-        results: list[dict[str, Any]] = []
-        for name in req.get("entrypoints") or []:
-            out = N.query_entrypoint(runtime, bundle, str(name).encode("utf-8"))
-            if not out:
-                results.append({"error": N.last_error(runtime) or "no output"})
-                continue
-            kind, text = N.query_output(out)
-            if kind == "value":
-                results.append({"value": text})
-            elif kind == "undefined":
-                results.append({"undefined": True})
-            else:
-                results.append({"error": text})
+        results = [self._query(runtime, bundle, str(name).encode("utf-8")) for name in req.get("entrypoints") or []]
         self.send(P.OP_OK, json.dumps({"results": results}).encode("utf-8"))
 
 

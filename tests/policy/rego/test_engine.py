@@ -339,3 +339,14 @@ def test_workers_answer_back_to_back_and_after_idling_whether_they_poll_or_not(s
         assert e.evaluate(policy, step(target="t")).rule_id == "ok"
         assert e.evaluate(policy, step(target="x")).rule_id == "default"
         assert e.stats()["crashes"] == 0 and e.worker_pids() == [pid]
+
+
+def test_evaluate_many_answers_what_evaluate_answers(engine: RegoEngine) -> None:
+    policy = bundle_of(
+        'decision := {"decision": "deny", "rule_id": "rm"} if startswith(input.args.command, "rm")\n'
+        'decision := {"decision": "allow", "rule_id": "ls"} if input.args.command == "ls"\n'
+        'decision := {"decision": "allow", "rule_id": input.args.command} if input.args.command == "bad id"\n'
+    )
+    inputs = [step(command=c) for c in ("ls", "rm -rf /", "cat", "bad id", "ls")] + [step(kind="local", target="x")]
+    assert engine.evaluate_many(policy, inputs) == [engine.evaluate(policy, i) for i in inputs]
+    assert engine.evaluate_many(policy, []) == []

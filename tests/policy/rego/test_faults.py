@@ -180,3 +180,18 @@ def test_a_nice_pool_runs_its_workers_and_their_replacements_at_the_lower_priori
         assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the kernel's own priority is untouched
     finally:
         engine.close()
+
+
+def test_a_batch_with_a_crashing_input_denies_only_that_one(faulty: RegoEngine) -> None:
+    """evaluate_many (the policy test runner's batches): the worker dies on the third input, the
+    batch is evaluated again one by one, and the others get the decisions `evaluate` gives."""
+    inputs = [OK, step(command="pwd"), step(**{TEST_FAULT_KEY: "segv"}), OK, step(**{TEST_FAULT_KEY: "exit"})]
+    before = faulty.stats()
+    got = faulty.evaluate_many(POLICY, inputs)
+    assert [d.rule_id for d in got] == ["ok", "ok", "eval-error", "ok", "eval-error"]
+    assert "killed by SIGSEGV" in got[2].reason and "exited with status 3" in got[4].reason
+    after = faulty.stats()
+    assert after["evaluations"] - before["evaluations"] == 5
+    # Counted once each: the batch's own fault is not, the inputs at fault are when they fault again.
+    assert after["crashes"] - before["crashes"] == 2
+    assert faulty.evaluate_many(POLICY, [OK] * 300) == [faulty.evaluate(POLICY, OK)] * 300
