@@ -369,9 +369,11 @@ def _policy_authoring_run(p: Profile) -> list[Result]:
                 continue
             stats = {"ops": 0, "workers": 1, "p50": value, "p99": value, "mean": value}
             figures = []
+            cpu = row["label"].endswith(" (CPU)")
             if f"{side}_ratio" in row:
-                goal = "≤ 1.05×" if side == "change" else ""
-                figures.append((f"{row['label']}: p50 {names[side]} / {names['baseline']}",
+                goal = "≤ 1.05×" if side == "change" and not cpu else ""
+                what = f"{row['label'][: -len(' (CPU)')]}: CPU per decision" if cpu else f"{row['label']}: p50"
+                figures.append((f"{what} {names[side]} / {names['baseline']}",
                                 f"{row[f'{side}_ratio']:.3f}×", goal))
             elif side != "baseline" and row["baseline_p50"] is None:
                 figures.append((f"{row['label']}: p50, {names[side]}", f"{value * 1e6:.2f} µs", ""))
