@@ -51,3 +51,14 @@ def test_rego_package_has_no_import_circle() -> None:
 
     circles = [c for c in map(cycle_from, graph) if c]
     assert circles == []
+
+
+def test_no_kernel_module_imports_the_scripts_that_load_regopy() -> None:
+    """worker.py, native.py and rawbench.py run only as child processes (regopy-notes hazards)."""
+    scripts = {"worker", "native", "rawbench"}
+    graph = {p.stem: _imports(p) for p in PACKAGE.glob("*.py")}
+    assert {m: graph[m] & scripts for m in graph if graph[m] & scripts} == {}
+    importers = {p.stem for p in PACKAGE.glob("*.py")
+                 if any(line.startswith(("import regopy", "from regopy"))
+                        for line in p.read_text(encoding="utf-8").splitlines())}
+    assert importers == scripts
