@@ -126,6 +126,7 @@ MAX_BUCKETS = 36  # so a day is drawn in hours (24 bars), two in 2-hour bars
 _WIDTHS = tuple(timedelta(minutes=m) for m in (1, 5, 15, 30)) + tuple(
     timedelta(hours=h) for h in (1, 2, 3, 6, 12, 24, 48, 168, 720))
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_LAST = datetime(9000, 1, 1, tzinfo=UTC)
 _ROLLUP_FILTERS = frozenset(("agent_id", "decision", "rule_id", "policy_hash"))
 _ROLLUP_LOCK = "decision-rollup"  # serialises fillers across replicas (an advisory lock on PostgreSQL)
 
@@ -184,12 +185,18 @@ def _filters(q: DecisionQuery) -> dict[str, str]:
 
 def _rollable(k: Kernel, first: datetime, last: datetime) -> tuple[datetime, datetime]:
     """[first, last) narrowed to the whole hours that may be rolled up now: closed for
-    ROLLUP_GRACE, and not reaching back before the retention cutoff (those lose records)."""
+    ROLLUP_GRACE, not reaching back before the retention cutoff (those lose records), nor before
+    the oldest record's hour (so a range asked from year 1 marks no empty hours before it)."""
     now = k.clock.now()
     first = _ceil(first, HOUR)
     if k.decision_retention > 0:
         first = max(first, _ceil(now - timedelta(seconds=k.decision_retention), HOUR))
-    return first, min(_floor(last, HOUR), _floor(now - ROLLUP_GRACE, HOUR))
+    last = min(_floor(last, HOUR), _floor(now - ROLLUP_GRACE, HOUR))
+    if first < last:
+        with k.store.read() as tx:
+            oldest = tx.oldest_decision_at()
+        first = last if oldest is None else max(first, _floor(oldest, HOUR))
+    return first, last
 
 
 def roll_up_decisions(k: Kernel, first: datetime, last: datetime) -> int:
@@ -239,6 +246,9 @@ def count_decisions(k: Kernel, q: DecisionQuery, since: datetime, until: datetim
     from the records' time index: the cost follows the number of hours drawn, not of decisions."""
     if until <= since:
         raise ValidationError("validation error: the time range is empty (from must be before to)")
+    since, until = max(since, _EPOCH), min(until, _LAST)  # no record is older, and edges stay in range
+    if until <= since:
+        raise ValidationError("validation error: the time range holds no decisions (it ends before 1970)")
     edges, width = bucket_edges(since, until)
     filters = _filters(q)
     out: list[dict[str, int]] = [{} for _ in range(len(edges) - 1)]

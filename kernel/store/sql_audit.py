@@ -161,6 +161,12 @@ class AuditQueries:
         q = select(c.hour).where(c.hour >= first, c.hour < last)
         return {r[0] for r in self.conn.execute(q).all()}
 
+    def oldest_decision_at(self) -> datetime | None:
+        """When the oldest record was decided (the time index's first entry; the journal's few)."""
+        found = [self.conn.execute(select(func.min(table.c.decided_at))).scalar()
+                 for table in (t.decisions, t.decision_journal)]
+        return min((f for f in found if f is not None), default=None)
+
     def count_hours_for_rollup(self, hours: list[datetime]) -> list[tuple[datetime, str, str, str, str, int]]:
         """(hour, agent_id, decision, rule_id, policy_hash, count) of the records in the
         contiguous run of whole hours `hours` (one pass over the time index)."""

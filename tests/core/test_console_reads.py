@@ -112,6 +112,11 @@ def test_closed_hours_are_summed_from_the_rollup_not_scanned_again(
     # chart still counts them, so it read the rollup, not the records.
     with store.engine.begin() as c:
         c.execute(t.decisions.delete())
+        c.execute(t.decisions.insert(), [{  # one record left, a day older, so the records do not end before 12:00
+            "id": "old", "agent_id": "shell", "execution_id": "e", "step_id": None, "kind": "tool_call",
+            "target": "old", "decision": "allowed", "rule_id": "r", "reason": None, "policy_kind": "yaml",
+            "policy_revision": "r", "policy_hash": "0" * 64, "decided_by": None, "credential": None,
+            "event_seq": None, "decided_at": since - timedelta(days=1)}])
         c.execute(t.decision_journal.delete())  # the records not yet moved out of the journal
     assert decisions.count_decisions(kernel, DecisionQuery(), since, until).buckets[:2] == [{"allowed": 3}, {"denied": 2}]
     assert decisions.count_decisions(kernel, DecisionQuery(decision="denied"), since, until).buckets[:2] == [{}, {"denied": 2}]
@@ -164,3 +169,19 @@ def test_a_decision_search_names_its_bundle_by_revision_or_by_policy_hash(kernel
     assert policies.policy_hash_of(kernel, stored.content_hash.upper()) == stored.content_hash
     with pytest.raises(ValidationError, match="no stored bundle has the revision"):
         policies.policy_hash_of(kernel, "no-such-revision")
+
+
+def test_a_range_reaching_back_before_the_oldest_record_marks_no_hours_before_it(
+    kernel: Kernel, running: Running, clock: ManualClock
+) -> None:
+    kernel.decision_retention = 0  # kept for ever: only the records bound how far back hours go
+    since = clock.now()
+    _decide(kernel, running, 2)
+    clock.advance(2 * 3600 + 600)  # 14:10: 12:00 and 13:00 are closed
+    counts = decisions.count_decisions(kernel, DecisionQuery(), datetime(1, 1, 2, tzinfo=UTC), clock.now())
+    assert counts.rolled_up_hours == 2 and sum(sum(b.values()) for b in counts.buckets) == 2
+    assert counts.edges[0] == datetime(1970, 1, 1, tzinfo=UTC)  # no record is older
+    with kernel.store.read() as tx:
+        assert tx.rollup_hours(datetime(1970, 1, 1, tzinfo=UTC), clock.now()) == {since, since + timedelta(hours=1)}
+    far = decisions.count_decisions(kernel, DecisionQuery(), since, datetime(9999, 12, 31, tzinfo=UTC))
+    assert sum(sum(b.values()) for b in far.buckets) == 2
