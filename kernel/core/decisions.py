@@ -67,6 +67,7 @@ class DecisionQuery:
     target: str | None = None
     policy_hash: str | None = None
     execution_id: str | None = None
+    judged: bool | None = None  # only judge rules' records (True) or only the others (False); list only
     since: datetime | None = None
     until: datetime | None = None
     cursor: str | None = None
@@ -109,7 +110,8 @@ def list_decisions(k: Kernel, q: DecisionQuery) -> DecisionPage:
                if (value := getattr(q, name)) is not None}
     before = decode_cursor(q.cursor) if q.cursor else None
     with k.store.read() as tx:
-        rows = tx.list_decisions(filters, since=q.since, until=q.until, before=before, limit=q.limit + 1)
+        rows = tx.list_decisions(filters, since=q.since, until=q.until, before=before, limit=q.limit + 1,
+                                 judged=q.judged)
     more = len(rows) > q.limit
     rows = rows[: q.limit]
     return DecisionPage(rows, encode_cursor(rows[-1]) if more and rows else None)

@@ -227,6 +227,12 @@ def _resources(conn: Connection) -> None:
             conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {ddl}"))
 
 
+def _judged_decisions(conn: Connection) -> None:
+    # 011 (docs/audit.md): a partial index over the records of judge rules, for `judged=true`.
+    if "ix_decisions_judged" not in {i["name"] for i in inspect(conn).get_indexes("decisions")}:
+        conn.execute(text("CREATE INDEX ix_decisions_judged ON decisions (decided_at, id) WHERE judge IS NOT NULL"))
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
@@ -238,6 +244,7 @@ MIGRATIONS: list[Migration] = [
     Migration(8, "decision journal, judge on decision records", _decision_journal),
     Migration(9, "request signatures seen (the shared replay guard)", _request_signatures),
     Migration(10, "resources and checkpoints", _resources),
+    Migration(11, "an index of judge rules' decision records", _judged_decisions),
 ]
 LATEST = MIGRATIONS[-1].version
 

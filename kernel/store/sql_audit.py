@@ -83,10 +83,13 @@ def _filtered(table: Table, q: Any, filters: dict[str, str], edges: list[datetim
 
 
 def _where(
-    table: Table, filters: dict[str, str], since: datetime | None, until: datetime | None
+    table: Table, filters: dict[str, str], since: datetime | None, until: datetime | None,
+    judged: bool | None = None,
 ) -> list[Any]:
     c = table.c
-    out = []
+    out: list[Any] = []
+    if judged is not None:  # `IS NOT NULL` spelled as the partial index ix_decisions_judged says it
+        out.append(c.judge.isnot(None) if judged else c.judge.is_(None))
     for name, value in filters.items():
         if name not in DECISION_FILTERS:
             raise ValueError(f"not a decision filter: {name}")
@@ -118,10 +121,12 @@ class AuditQueries:
         until: datetime | None,
         before: tuple[datetime, str] | None,
         limit: int,
+        judged: bool | None = None,
     ) -> list[DecisionRecord]:
         """Newest first on (decided_at, id). `filters`: column → value, for the columns in
         DECISION_FILTERS; `since` inclusive, `until` exclusive; `before`: the keyset cursor, the
-        (decided_at, id) of the last row of the previous page.
+        (decided_at, id) of the last row of the previous page; `judged`: only the records of a
+        judge rule (True, from the partial index ix_decisions_judged), or only the others (False).
 
         One statement over both tables: the page of `decisions` answered from the index led by the
         filtered column, and the same page of the journal (small: one flush interval's records),
@@ -129,7 +134,7 @@ class AuditQueries:
         parts = []
         for table in (t.decisions, t.decision_journal):
             c = table.c
-            q = select(*(c[name] for name in DECISION_COLUMNS)).where(*_where(table, filters, since, until))
+            q = select(*(c[name] for name in DECISION_COLUMNS)).where(*_where(table, filters, since, until, judged))
             if before is not None:
                 at = bindparam("before_at", before[0], type_=t.UTCDateTime())
                 q = q.where(tuple_(c.decided_at, c.id) < tuple_(at, bindparam("before_id", before[1])))

@@ -24,6 +24,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlmodel import Field, SQLModel
 
@@ -336,6 +337,9 @@ class DecisionRow(SQLModel, table=True):
         Index("ix_decisions_target", "target", "decided_at", "id"),
         Index("ix_decisions_policy_hash", "policy_hash", "decided_at", "id"),
         Index("ix_decisions_execution", "execution_id", "decided_at", "id"),
+        # Partial: only judge rules' records (few), so the other decisions pay nothing for it.
+        Index("ix_decisions_judged", "decided_at", "id", sqlite_where=text("judge IS NOT NULL"),
+              postgresql_where=text("judge IS NOT NULL")),
     )
 
     id: str = Field(sa_column=Column(String(36), primary_key=True))

@@ -77,7 +77,7 @@ def test_get_decisions_filters_and_pages(
 
 def test_bad_decision_queries_are_400(server: ServerThread) -> None:
     for params in ({"limit": "0"}, {"cursor": "zzz"}, {"since": "yesterday"}, {"since": "2026-01-01T00:00:00"},
-                   {"decision": "perhaps"}):
+                   {"decision": "perhaps"}, {"judged": "yes"}):
         r = httpx.get(server.url + "/v0/decisions", params=params, headers=BOOT, timeout=10)
         assert r.status_code == 400, params
         assert r.json()["code"] == "validation_error"

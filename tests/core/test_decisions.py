@@ -244,3 +244,23 @@ def test_flushing_while_steps_append_loses_and_doubles_nothing(kernel: Kernel, r
     ids = [r.id for r in _all(kernel)]
     assert _journal_and_table(kernel) == (0, 120)
     assert len(set(ids)) == len(ids) == 120
+
+
+def test_the_judged_filter_finds_the_records_of_judge_rules_with_their_judge_record(
+    kernel: Kernel, running: Running
+) -> None:
+    eid, did, att = running.start()
+    judge = {"outcome": "deny", "probabilities": {"deny": 0.9}, "latency_ms": 12.0}
+    kernel.policy = FixedPolicy(Decision(Verdict.DENY, "ask-model", "judge: deny 0.90", judge_record=judge))
+    steps.submit_step(kernel, "shell", eid, did, att, req(target="send_email"))
+    kernel.policy = FixedPolicy(Decision(Verdict.ALLOW, "plain"))
+    steps.submit_step(kernel, "shell", eid, did, att, req(target="ls"))
+    for flushed in (False, True):  # from the journal, then from the table
+        [r] = _all(kernel, judged=True)
+        assert (r.target, r.rule_id, r.judge) == ("send_email", "ask-model", judge)
+        assert decisions.decision_json(r)["judge"] == judge
+        assert [x.target for x in _all(kernel, judged=False)] == ["ls"]
+        assert "judge" not in decisions.decision_json(_all(kernel, judged=False)[0])
+        assert len(_all(kernel)) == 2
+        if not flushed:
+            decisions.flush_decision_journal(kernel)

@@ -61,6 +61,8 @@ def test_judge_outcome_follows_probabilities_and_threshold(
     # The decisions record carries the same judge record, so an auditor sees why without the log.
     [row] = httpx.get(f"{server.url}/v0/decisions", params={"execution_id": eid}).json()["decisions"]
     assert (row["rule_id"], row["reason"], row["judge"]) == ("ask-model", reason, record)
+    judged = httpx.get(f"{server.url}/v0/decisions", params={"judged": "true"}).json()["decisions"]
+    assert [d["id"] for d in judged] == [row["id"]]
     if decision == "denied":
         assert (answer["reason"], answer["rule_id"]) == (reason, "ask-model")
 

@@ -147,12 +147,13 @@ QUERIES = {
     "agent and time range": DecisionQuery(agent_id="agent-3", since=T0 + timedelta(hours=20)),
     "rule and decision": DecisionQuery(rule_id="rule-8", decision="denied"),
     "execution": DecisionQuery(execution_id=EXECUTION_123),
+    "judged": DecisionQuery(judged=True),
 }
 
 
 @pytest.mark.parametrize("name", list(QUERIES), ids=list(QUERIES))
 def test_decision_filters_answer_from_an_index_without_a_full_scan(big: SqlStore, name: str) -> None:
-    _assert_indexed(big, _plan(big, QUERIES[name]))
+    _assert_indexed(big, _plan(big, QUERIES[name]), "ix_decisions_judged" if name == "judged" else "ix_decisions_")
 
 
 def test_a_later_page_answers_from_the_index_too(big: SqlStore) -> None:

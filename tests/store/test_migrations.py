@@ -317,7 +317,7 @@ def test_version_9_database_migrates_to_resources_in_use(empty_store: SqlStore) 
                            ("resource_checkpoints", "superseded_seq")):
             c.execute(text(f"ALTER TABLE {table} DROP COLUMN {col}"))
         c.execute(t.schema_version.delete().where(t.schema_version.c.version > 9))
-    assert [m.version for m in migrate(store)] == [10]
+    assert [m.version for m in migrate(store)] == list(range(10, LATEST + 1))
     with store.engine.connect() as c:
         insp = inspect(c)
         assert "restoration" in {col["name"] for col in insp.get_columns("executions")}
@@ -327,3 +327,31 @@ def test_version_9_database_migrates_to_resources_in_use(empty_store: SqlStore) 
         e = tx.get_execution(eid)
         assert e is not None and e.restoration is None
         assert tx.list_resources(eid) == []
+
+
+def test_version_7_database_migrates_to_the_decision_journal_and_the_judged_index(empty_store: SqlStore) -> None:
+    """008 adds `decisions.judge`, the journal and the execution index; 011 the partial index of
+    judge rules' records. A record written before reads with no judge."""
+    from sqlalchemy import inspect
+
+    store = empty_store
+    migrate(store)
+    with store.engine.begin() as c:
+        c.execute(text("DROP TABLE decision_journal"))
+        c.execute(text("DROP INDEX ix_decisions_execution"))
+        c.execute(text("DROP INDEX ix_decisions_judged"))
+        c.execute(text("ALTER TABLE decisions DROP COLUMN judge"))
+        c.execute(text(
+            "INSERT INTO decisions (id, agent_id, execution_id, kind, target, decision, rule_id, policy_kind,"
+            " policy_revision, policy_hash, decided_at) VALUES ('d1', 'a', 'e1', 'tool_call', 't', 'allowed',"
+            " 'r', 'yaml', 'r1', '', :at)"), {"at": T0})
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 7))
+    assert [m.version for m in migrate(store)] == list(range(8, LATEST + 1))
+    with store.engine.connect() as c:
+        insp = inspect(c)
+        assert "judge" in {col["name"] for col in insp.get_columns("decisions")}
+        assert insp.has_table("decision_journal")
+        assert {"ix_decisions_execution", "ix_decisions_judged"} <= {i["name"] for i in insp.get_indexes("decisions")}
+    with store.read() as tx:
+        [r] = tx.list_decisions({}, since=None, until=None, before=None, limit=10)
+    assert (r.id, r.judge) == ("d1", None)

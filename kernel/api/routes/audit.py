@@ -45,8 +45,12 @@ async def list_decisions(request: Request) -> Response:
             if len(value) > 4096:
                 raise ValidationError(f"validation error: {name} is too long")
             filters[name] = value
+    judged = q.get("judged")
+    if judged not in (None, "", "true", "false"):
+        raise ValidationError("validation error: judged must be true or false")
     query = decisions.DecisionQuery(
         **filters,
+        judged=None if not judged else judged == "true",
         since=_time_param(q.get("since"), "since"),
         until=_time_param(q.get("until"), "until"),
         cursor=q.get("cursor") or None,
