@@ -51,6 +51,8 @@ def _serve(settings: Settings) -> int:
                   f"lease {settings.dispatch_lease_timeout:g}s")
     if settings.dev:
         console.print("  auth    anonymous client/admin calls allowed (dev); supplied tokens are checked")
+    console.print(f"  console [cyan]{url}/console[/] "
+                  + ("(anonymous admin)" if settings.dev else "(sign in with an API key or the bootstrap token)"))
     server = uvicorn.Server(uvicorn.Config(
         rt.app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
         lifespan="on", timeout_graceful_shutdown=10,

@@ -33,6 +33,10 @@ def ck(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleKernel]:
         yield k
 
 
+def test_regent_dev_prints_where_the_console_is(ck: ConsoleKernel) -> None:
+    assert f"console {ck.url}/console (anonymous admin)" in (ck.tmp / "kernel.out").read_text()
+
+
 def test_timeline_of_a_completed_execution_shows_each_steps_decision_and_rule_id(ck: ConsoleKernel, page: Any) -> None:
     eid = ck.run("ops", [LS, DELETE], "completed")
     page.goto(f"{ck.url}/console/executions/{eid}")
