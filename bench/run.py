@@ -32,6 +32,7 @@ from bench import fixtures
 from bench.audit import DECISIONS
 from bench.client import Run, percentile
 from bench.console import CONSOLE
+from bench.dispatch import DISPATCH
 from bench.judge import JUDGE
 from bench.scenarios import (
     FULL,
@@ -60,7 +61,7 @@ if not console.is_terminal:
 # record (round-trip scenarios only).
 TARGETS = ("bare", "sqlite", "postgres", "sqlite-norecord", "postgres-norecord")
 NORECORD = {"REGENT_RECORD_DECISIONS": "false"}
-LOCAL = [*LOCAL_SCENARIOS, JUDGE, SESSIONS]  # in-process, or with servers of their own, after the shared targets
+LOCAL = [*LOCAL_SCENARIOS, JUDGE, SESSIONS, DISPATCH]  # in-process, or with servers of their own, after the shared targets
 
 
 # -- running -----------------------------------------------------------------------------------------

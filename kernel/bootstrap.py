@@ -55,12 +55,16 @@ def build_kernel(settings: Settings, store: SqlStore, **overrides: Any) -> Kerne
 
 def background_hooks(settings: Settings, kernel: Kernel) -> list[Any]:
     """Lifespan hooks for the app: the dispatcher (delivery loop + lease reaper) and the sweeps."""
-    from kernel.dispatcher import Dispatcher
+    from kernel.dispatcher import Dispatcher, DispatcherThread
     from kernel.sweeper import Sweeper
 
     async def dispatcher(app: FastAPI) -> Any:
-        d = Dispatcher(kernel, concurrency=settings.dispatch_concurrency, timeout=settings.dispatch_timeout,
-                       poll_interval=settings.dispatch_poll_interval)
+        from kernel.api.threads import call_first
+
+        # On a loop of its own, its transactions on the lane ahead of the requests' (kernel/dispatcher.py).
+        d = DispatcherThread(lambda: Dispatcher(
+            kernel, concurrency=settings.dispatch_concurrency, timeout=settings.dispatch_timeout,
+            poll_interval=settings.dispatch_poll_interval, run_blocking=call_first))
         await d.start()
         app.state.dispatcher = d
         return d.stop

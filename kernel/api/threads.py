@@ -15,6 +15,7 @@ instead, so a slow use case holds up the others for no longer than that.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import functools
@@ -28,9 +29,12 @@ from typing import Any, Protocol, TypeVar
 T = TypeVar("T")
 
 # How long the lane may go without taking a call before the calls queued behind go to the pool.
-# A step's use case takes about 1 ms of CPU; 10 ms is well past that and well below what a client
-# would notice.
-STUCK_AFTER = 0.010
+# A step's use case takes about 1 ms of CPU, but on a loaded machine a call or a group's fsync
+# routinely takes over 10 ms of wall time. At 10 ms, a flood of requests spilled onto the pool's
+# 40 threads, whose SQLite writers then raced the lane for the write lock: the lane stalled for
+# up to a second at a time, and webhook deliveries fell to 8/s under 280 creates/s (issue 18 §0;
+# `regent bench --scenarios dispatch`). 100 ms still caps what a slow call holds up others.
+STUCK_AFTER = 0.100
 # Overflow threads, as Starlette's default limiter.
 OVERFLOW_THREADS = 40
 # A commit group ends after this many calls or this long after its first call ended, whichever
@@ -109,7 +113,11 @@ class Lane:
         self.stuck_after = stuck_after
         self._name = name
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._last_start = 0.0  # monotonic time a lane thread last took a call
+        # Calls that go before everything queued (`call(..., first=True)`): each is also put on the
+        # queue, to wake a waiting thread; met there again, it has run and is skipped (`execute`).
+        self._front: collections.deque[_Job] = collections.deque()
+        self._last_start = 0.0  # monotonic time a lane thread last took a call (or ended a commit)
+        self._flushing = False  # a lane thread is committing a group
         self._started = False
         self._start_lock = threading.Lock()
         self._overflow = ThreadPoolExecutor(max_workers=overflow_threads, thread_name_prefix=f"{name}-overflow")
@@ -128,10 +136,10 @@ class Lane:
         if self.groups is not None:
             self._run_grouped(self.groups)
             return
-        get = self._queue.get
+        get, front = self._queue.get, self._front
         clock = time.monotonic
         while True:
-            job = get()
+            job = front.popleft() if front else get()
             if job is None:  # close()
                 return
             self._last_start = clock()
@@ -139,12 +147,12 @@ class Lane:
 
     def _run_grouped(self, groups: CommitGroups) -> None:
         groups.attach()
-        get, empty = self._queue.get, self._queue.empty
+        get, empty, front = self._queue.get, self._queue.empty, self._front
         clock = time.monotonic
         held: list[tuple[_Job, Any, BaseException | None]] = []  # ran; answer not released yet
         opened = 0.0  # when the open group's first call ended
         while True:
-            job = get()
+            job = front.popleft() if front else get()
             if job is None:  # close()
                 groups.flush()
                 self._release(groups, held)
@@ -161,9 +169,21 @@ class Lane:
                 if not empty() and len(held) < GROUP_CALLS and clock() - opened < GROUP_SECONDS:
                     self._release(groups, held)  # those that wrote nothing (or whose group committed)
                     continue
-                groups.flush()
+                self._flush(groups)
             opened = 0.0
             self._release(groups, held)
+
+    def _flush(self, groups: CommitGroups) -> None:
+        """Commit the open group. The commit (an fsync, often over 10 ms on a busy disk) is the
+        lane at work, not stuck on a slow call: queued calls must not spill meanwhile. Spilled,
+        they only race this thread for SQLite's write lock, and under a flood of requests that
+        stalled the lane (and the dispatcher's claims with it) for up to a second at a time."""
+        self._flushing = True
+        try:
+            groups.flush()
+        finally:
+            self._flushing = False
+            self._last_start = time.monotonic()
 
     @staticmethod
     def _release(groups: CommitGroups, held: list[tuple[_Job, Any, BaseException | None]]) -> None:
@@ -197,14 +217,17 @@ class Lane:
             return
         # Still waiting, and no lane thread has taken a call for `stuck_after`: every one of them
         # is on a slow call.
-        if time.monotonic() - self._last_start >= self.stuck_after:
+        if not self._flushing and time.monotonic() - self._last_start >= self.stuck_after:
             self.spilled += 1
             self._overflow.submit(job.run)
         else:
             job.loop.call_later(self.stuck_after, self._check, job)
 
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a (blocking) core use case off the event loop and return its result.
+    async def call(self, fn: Callable[..., T], *args: Any, first: bool = False, **kwargs: Any) -> T:
+        """Run a (blocking) core use case off the event loop and return its result; with `first`,
+        before every call already queued, and never on the overflow pool (the dispatcher's claims
+        and verdicts: under a flood of requests, work already accepted is delivered before more is
+        taken in).
 
         Like Starlette's `run_in_threadpool`, a use case that has started runs to its end (and its
         transaction commits or rolls back) before a cancellation of the request reaches the
@@ -214,8 +237,13 @@ class Lane:
         loop = asyncio.get_running_loop()
         ctx = contextvars.copy_context()
         job = _Job(functools.partial(ctx.run, fn, *args, **kwargs), loop.create_future(), loop)
+        if first:
+            self._front.append(job)
         self._queue.put(job)
-        loop.call_later(self.stuck_after, self._check, job)
+        if not first:
+            # A call that goes first never spills: on the overflow pool it would race the lane
+            # for SQLite's write lock, and lose (kernel/dispatcher.py). It waits one call at most.
+            loop.call_later(self.stuck_after, self._check, job)
         try:
             return await asyncio.shield(job.fut)  # type: ignore[no-any-return]
         except asyncio.CancelledError:
@@ -250,3 +278,8 @@ def lane() -> Lane:
 async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a (blocking) core use case on the kernel's lane (see `Lane.call`)."""
     return await _LANE.call(fn, *args, **kwargs)
+
+
+async def call_first(fn: Callable[..., T], *args: Any) -> T:
+    """Run a (blocking) core use case on the kernel's lane before every call already queued."""
+    return await _LANE.call(fn, *args, first=True)

@@ -187,3 +187,110 @@ def test_a_call_whose_event_loop_closed_does_not_stop_the_lane() -> None:
         assert ran.is_set()
     finally:
         lane.close()
+
+
+def test_a_call_that_goes_first_runs_before_those_queued_and_never_spills() -> None:
+    """The dispatcher's claims and verdicts (kernel/dispatcher.py): ahead of the queue, and kept
+    on the lane even when it looks stuck, since on the pool they would race it for SQLite's lock."""
+    lane = Lane(threads=1, stuck_after=0.02)
+    release = threading.Event()
+    order: list[str] = []
+
+    def blocker() -> None:
+        release.wait(5)
+
+    def note(name: str) -> str:
+        order.append(name)
+        return threading.current_thread().name
+
+    async def scenario() -> tuple[str, list[str]]:
+        first = asyncio.create_task(lane.call(blocker))
+        await asyncio.sleep(0.01)  # the lane thread is on `blocker`
+        queued = [asyncio.create_task(lane.call(note, f"queued-{i}")) for i in range(3)]
+        await asyncio.sleep(0.05)  # the queued calls spill: the lane looks stuck
+        urgent = asyncio.create_task(lane.call(note, "urgent", first=True))
+        await asyncio.sleep(0.05)  # still waiting: a call that goes first does not spill
+        assert not urgent.done()
+        release.set()
+        await first
+        names = await asyncio.gather(*queued)
+        return await urgent, list(names)
+
+    try:
+        urgent_thread, queued_threads = asyncio.run(scenario())
+    finally:
+        release.set()
+        lane.close()
+    assert urgent_thread == "regent-core-0"
+    assert all(n.startswith("regent-core-overflow") for n in queued_threads)
+    assert lane.spilled == 3
+
+
+def test_a_call_that_goes_first_overtakes_the_queue() -> None:
+    lane = Lane(threads=1, stuck_after=10.0)
+    release = threading.Event()
+    order: list[str] = []
+
+    async def scenario() -> None:
+        blocker = asyncio.create_task(lane.call(release.wait, 5))
+        await asyncio.sleep(0.01)
+        queued = [asyncio.create_task(lane.call(order.append, f"q{i}")) for i in range(3)]
+        await asyncio.sleep(0.01)
+        urgent = asyncio.create_task(lane.call(order.append, "urgent", first=True))
+        await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(blocker, urgent, *queued)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        lane.close()
+    assert order == ["urgent", "q0", "q1", "q2"]
+    assert lane.spilled == 0
+
+
+class _SlowCommits:
+    """CommitGroups whose every call writes and whose commit takes 100 ms (a slow fsync)."""
+
+    def __init__(self) -> None:
+        self.open = False
+        self.flushes = 0
+
+    def attach(self) -> None: ...
+
+    def start(self, token: object) -> None:
+        if token is not None:
+            self.open = True
+
+    def is_open(self) -> bool:
+        return self.open
+
+    def pending(self, token: object) -> bool:
+        return False
+
+    def failure(self, token: object) -> BaseException | None:
+        return None
+
+    def flush(self) -> None:
+        time.sleep(0.1)
+        self.flushes += 1
+        self.open = False
+
+
+def test_calls_queued_while_a_group_commits_do_not_spill() -> None:
+    groups = _SlowCommits()
+    lane = Lane(threads=1, stuck_after=0.02, groups=groups)
+
+    async def scenario() -> list[str]:
+        first = asyncio.create_task(lane.call(lambda: threading.current_thread().name))
+        await asyncio.sleep(0.03)  # its group is committing now (100 ms)
+        names = [asyncio.create_task(lane.call(lambda: threading.current_thread().name)) for _ in range(3)]
+        return [await first, *[await n for n in names]]  # they waited ~70 ms, past stuck_after
+
+    try:
+        names = asyncio.run(scenario())
+    finally:
+        lane.close()
+    assert set(names) == {"regent-core-0"}
+    assert lane.spilled == 0 and groups.flushes >= 1

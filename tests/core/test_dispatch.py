@@ -381,3 +381,54 @@ def test_claim_failures_are_logged_and_retried_with_backoff(
     run(kernel, scenario)
     assert len(calls) >= 3
     assert caplog.text.count("claiming dispatches failed") == 2
+
+
+def test_claims_go_out_in_chunks_and_every_claimed_row_is_delivered_and_acked(
+        kernel: Kernel, receiver: tuple[Receiver, str]) -> None:
+    """20 idle workers: three claim calls (8, 8, 4 rows) at once; verdicts recorded in batches."""
+    r, url = receiver
+    agent(kernel, url)
+    ids = [start(kernel) for _ in range(21)]
+
+    async def scenario(d: Dispatcher) -> int:
+        return await deliver(d)
+
+    assert run(kernel, scenario, concurrency=20) == 20
+    delivered = {b["execution_id"] for b in r.bodies()}
+    assert len(r.requests) == 20 and delivered < set(ids)
+    for eid in delivered:  # drain() waited for the batched verdicts
+        assert types(kernel, eid)[-1] == "dispatch.acked"
+    [left] = set(ids) - delivered
+    assert "dispatch.acked" not in types(kernel, left)
+
+
+def test_the_dispatcher_thread_delivers_on_a_loop_of_its_own_and_stops(
+        kernel: Kernel, receiver: tuple[Receiver, str]) -> None:
+    from kernel.api.threads import Lane
+    from kernel.dispatcher import DispatcherThread
+
+    r, url = receiver
+    agent(kernel, url)
+    ids = [start(kernel) for _ in range(3)]
+    lane = Lane(threads=1)
+
+    async def first(fn: Callable[..., Any], *args: Any) -> Any:
+        return await lane.call(fn, *args, first=True)
+
+    async def main() -> tuple[str, str]:
+        t = DispatcherThread(lambda: Dispatcher(kernel, poll_interval=0.01, run_blocking=first))
+        await t.start()
+        try:
+            await until(lambda: all(types(kernel, e)[-1] == "dispatch.acked" for e in ids))
+            assert t.delivered == 3
+            return threading.current_thread().name, t._thread.name if t._thread else ""
+        finally:
+            await t.stop()
+            assert t._thread is not None and not t._thread.is_alive()
+
+    try:
+        loop_thread, dispatch_thread = asyncio.run(main())
+    finally:
+        lane.close()
+    assert dispatch_thread == "regent-dispatch" != loop_thread
+    assert sorted(b["execution_id"] for b in r.bodies()) == sorted(ids)
