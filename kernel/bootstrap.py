@@ -250,6 +250,7 @@ def build_runtime(settings: Settings) -> Runtime:
         signature_window_seconds=settings.signature_window_seconds,
         require_request_nonce=settings.require_request_nonce,
         replay_cache_size=settings.replay_cache_size,
+        replay_shared=settings.replay_shared,
         lifespan_hooks=stream_hooks(settings, store) + background_hooks(settings, kernel)
         + decision_log_hooks(decision_log) + judge_hooks(judge) + bundle_hooks(kernel, pulled),
     )

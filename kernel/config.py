@@ -98,6 +98,9 @@ class Settings(BaseSettings):
     # Signed mutations a replica remembers to refuse their replay; when full, the oldest is dropped
     # and the accepted window narrows (fail closed; docs/api.md, Replayed requests)
     replay_cache_size: int = Field(default=200_000, ge=1, le=10_000_000)
+    # PostgreSQL: the replicas share the record of signed mutations (a table); false keeps it per
+    # replica in memory (enough for one replica; saves a statement per guarded mutation)
+    replay_shared: bool = True
     # Comment frames on an idle GET /v0/executions/{id}/stream, so proxies keep it open
     stream_keepalive_seconds: float = Field(default=15.0, gt=0)
     # How long a replica keeps an agent's secret after reading it for a signature check

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from kernel.api import errors, schema
 from kernel.api.auth import Authenticator
-from kernel.api.metrics import ApiMetrics
+from kernel.api.metrics import ApiMetrics, ReplayCollector
 from kernel.api.routes import admin, agent, audit, client, ops, policies, shadow, stream
 from kernel.core.kernel import Kernel
 
@@ -25,6 +25,7 @@ def create_app(
     signature_window_seconds: int = 300,
     require_request_nonce: bool = False,
     replay_cache_size: int = 200_000,
+    replay_shared: bool = True,
     lifespan_hooks: list[Callable[[FastAPI], Any]] | None = None,
     registry: CollectorRegistry | None = None,
 ) -> FastAPI:
@@ -48,10 +49,11 @@ def create_app(
     app.state.auth = Authenticator(
         kernel, bearer_token=bearer_token, dev=dev, max_body_bytes=max_body_bytes,
         signature_window_seconds=signature_window_seconds, require_nonce=require_request_nonce,
-        replay_cache_size=replay_cache_size,
+        replay_cache_size=replay_cache_size, replay_shared=replay_shared,
     )
     app.state.metrics_registry = registry or CollectorRegistry()
     app.state.metrics = ApiMetrics(app.state.metrics_registry, kernel)
+    app.state.metrics_registry.register(ReplayCollector(app.state.auth))
     errors.install(app)
     # The routes go straight onto the app's router, the agent's hot routes first: `include_router`
     # keeps each router nested and matches every request against it twice (measured: a third of

@@ -55,7 +55,7 @@ class AgentCall:
 class Authenticator:
     def __init__(self, kernel: Kernel, *, bearer_token: str | None, dev: bool, max_body_bytes: int,
                  signature_window_seconds: int = 300, require_nonce: bool = False,
-                 replay_cache_size: int = 200_000):
+                 replay_cache_size: int = 200_000, replay_shared: bool = True):
         self.kernel = kernel
         self._token = bearer_token.encode() if bearer_token else None
         self.dev = dev
@@ -64,7 +64,8 @@ class Authenticator:
         self.require_nonce = require_nonce
         self.replays = ReplayGuard(signature_window_seconds, replay_cache_size)
         # Replicas share a PostgreSQL database; a SQLite file has one kernel process (flock).
-        self.shared = SharedReplays(signature_window_seconds) if kernel.store.dialect == "postgresql" else None
+        shared = replay_shared and kernel.store.dialect == "postgresql"
+        self.shared = SharedReplays(signature_window_seconds) if shared else None
 
     # -- bearer ---------------------------------------------------------------------------
     def principal(self, request: Request, *scopes: str) -> Principal:

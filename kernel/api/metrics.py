@@ -7,6 +7,7 @@ the lane's figures are read when Prometheus scrapes, so they cost the hot path n
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -113,6 +114,20 @@ class _LaneCollector(Collector):
                                 value=lane.queued())
         yield CounterMetricFamily("regent_lane_spilled", "Use cases handed to the overflow pool because "
                                   "every lane thread was on a slow call.", value=lane.spilled)
+
+
+class ReplayCollector(Collector):
+    """The replay guard of the app's Authenticator (kernel/core/replays.py), at scrape time."""
+
+    def __init__(self, auth: Any):
+        self.auth = auth
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        guard = self.auth.replays
+        yield CounterMetricFamily("regent_replays_refused", "Signed agent mutations refused 401 as a repeat of "
+                                  "one already accepted (docs/api.md, Replayed requests).", value=guard.refused)
+        yield GaugeMetricFamily("regent_replay_cache_entries", "Signed mutations this replica remembers "
+                                "(REGENT_REPLAY_CACHE_SIZE bounds it).", value=len(guard))
 
 
 class _KernelCollector(Collector):

@@ -90,6 +90,9 @@ def test_a_replayed_step_complete_is_refused_and_records_nothing(http: httpx.Cli
     r = send(http, complete)
     assert refused_as_replay(r), r.text
     assert http.get(f"/v0/executions/{eid}/events").json() == events
+    metrics = http.get("/metrics").text
+    assert "regent_replays_refused_total 1.0" in metrics
+    assert "regent_replay_cache_entries 1.0" in metrics  # the complete; a nonce-less submit is not kept
 
 
 @pytest.mark.parametrize("route", ["heartbeat", "fail", "complete"], ids=lambda r: f"execution-{r}")
@@ -193,6 +196,33 @@ def test_two_replicas_on_one_postgresql_share_the_record(pg_database: str) -> No
             submit = s.request("POST", f"/v0/executions/{eid}/steps", submit_body(), nonce=NONCE)
             assert http.post(b.url + submit[1], content=submit[2], headers=submit[3]).json()["decision"] == "proceed"
             assert refused_as_replay(http.post(a.url + submit[1], content=submit[2], headers=submit[3]))
+    finally:
+        for st in stores:
+            st.close()
+
+
+@pytest.mark.postgres
+def test_replay_shared_off_keeps_the_record_per_replica(pg_database: str) -> None:
+    """REGENT_REPLAY_SHARED=false: each replica refuses its own repeats; the table stays empty."""
+    from sqlalchemy import text
+
+    from tests.conftest import _truncate
+
+    stores = [open_store(pg_database), open_store(pg_database)]
+    _truncate(stores[0])
+    try:
+        kernels = [Kernel(store=s) for s in stores]
+        running = Running(kernels[0])
+        eid, did, att = running.start()
+        beat = Signed(running, did, att).request("POST", f"/v0/executions/{eid}/heartbeat")
+        _, path, data, headers = beat
+        with ServerThread(create_app(kernels[0], dev=True, replay_shared=False)) as a, \
+                ServerThread(create_app(kernels[1], dev=True, replay_shared=False)) as b, httpx.Client(timeout=10) as http:
+            assert http.post(a.url + path, content=data, headers=headers).status_code == 204
+            assert refused_as_replay(http.post(a.url + path, content=data, headers=headers))
+            assert http.post(b.url + path, content=data, headers=headers).status_code == 204  # the documented cost
+        with stores[0].engine.connect() as c:
+            assert c.execute(text("SELECT count(*) FROM request_signatures")).scalar_one() == 0
     finally:
         for st in stores:
             st.close()
