@@ -152,9 +152,11 @@ def _run_suite(args: argparse.Namespace, bundle: LoadedBundle, cases: list[Any],
     """One bundle's cases, through the line coverage ``recorder`` when there is one, and a progress
     bar on long runs in the pretty format on a terminal only (JSON/JUnit stay clean)."""
     evaluate = recorder.evaluate if recorder is not None else None
+    evaluate_many = recorder.evaluate_many if recorder is not None else None
 
     def run(on_case: Any = None) -> Report:
-        return run_cases(bundle.compiled, cases, bundle.rule_ids, on_case, kind=bundle.kind, evaluate=evaluate)
+        return run_cases(bundle.compiled, cases, bundle.rule_ids, on_case, kind=bundle.kind, evaluate=evaluate,
+                         evaluate_many=evaluate_many)
 
     if args.format != "pretty" or len(cases) < 200 or not err.is_terminal:
         report = run()

@@ -229,11 +229,13 @@ def _check_judge_mock(mock: Any, where: str) -> None:
 
 def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ...] = (),
               on_case: Callable[[], None] | None = None, *, kind: str = "",
-              evaluate: Callable[[PolicyInput], Decision] | None = None) -> Report:
+              evaluate: Callable[[PolicyInput], Decision] | None = None,
+              evaluate_many: Callable[[list[PolicyInput]], list[Decision]] | None = None) -> Report:
     """Evaluate each case with the rule engine only (no rate limits, budgets or kernel guards; a
     judge rule asks the case's `context.judge` stand-in, or denies `judge not configured`);
     `on_case` is called after each (the CLI's progress bar). ``kind`` (yaml | rego) picks which
-    `skip`/`xfail` marks apply; ``evaluate`` replaces ``bundle.evaluate`` (line coverage)."""
+    `skip`/`xfail` marks apply; ``evaluate`` replaces ``bundle.evaluate`` (line coverage), and
+    ``evaluate_many`` (all the cases' inputs at once) ``bundle.evaluate_many`` when it has one."""
     report = Report()
     seen: set[str] = set()
     clock = time.perf_counter
@@ -247,7 +249,7 @@ def run_cases(bundle: CompiledBundle, cases: list[Case], rule_ids: tuple[str, ..
                 extra["usage"] = {"input_tokens": 0, "output_tokens": 0, **extra["usage"]}
             inputs[i] = PolicyInput(agent_id=c.agent_id, kind=c.kind, target=c.target, args=args, **extra)
     # A Rego bundle evaluates every case in a few worker calls (each case's time is its share).
-    many = getattr(bundle, "evaluate_many", None) if evaluate is None else None
+    many = evaluate_many or (getattr(bundle, "evaluate_many", None) if evaluate is None else None)
     decided: dict[int, tuple[Decision, float]] = {}
     if many is not None and inputs:
         started = clock()

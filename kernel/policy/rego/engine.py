@@ -295,16 +295,54 @@ class RegoEngine:
             return self._decision(bundle, document, "error", _error_of(reply))
         return self._eval_error(bundle, f"unexpected reply {op} from the rego worker")
 
+    def probe_many(self, bundle: RegoBundle, documents: list[dict[str, Any]], entrypoint: str) -> list[dict[str, Any]] | None:
+        """One entrypoint of ``bundle`` on each document, in batched worker calls (coverage of a
+        case run); each result as `probe` gives it, or None when the caller should probe them
+        one by one instead (a fault, no worker, the bundle not loaded)."""
+        out: list[dict[str, Any]] = []
+        for start in range(0, len(documents), _BATCH):
+            raw = self._batch_call(bundle, documents[start : start + _BATCH], entrypoint)
+            if raw is None:
+                return None
+            for r in raw:
+                if "value" in r:
+                    try:
+                        out.append({"value": json.loads(r["value"])["expressions"][0]})
+                    except (ValueError, KeyError, IndexError, TypeError):
+                        out.append({"error": "rego-cpp returned an unreadable value"})
+                else:
+                    out.append(r)
+        return out
+
     def _evaluate_batch(self, bundle: RegoBundle, documents: list[dict[str, Any]]) -> list[Decision] | None:
         """One OP_EVAL_BATCH call for ``documents``; None when the caller should evaluate them one
         by one instead (no worker, the bundle not loaded, a fault, a reply that does not fit)."""
         broken = self._broken.get(bundle.digest)
         if broken is not None:
             return [self._bundle_error(bundle, broken) for _ in documents]
-        if self._pool.closed:
+        results = self._batch_call(bundle, documents)
+        if results is None:
             return None
+        out = []
+        for document, r in zip(documents, results, strict=True):
+            if "value" in r:
+                out.append(self._decision(bundle, document, "value", str(r["value"]).encode("utf-8")))
+            elif r.get("undefined"):
+                out.append(self._decision(bundle, document, "undefined", ""))
+            else:
+                out.append(self._decision(bundle, document, "error", str(r.get("error", "unknown error"))))
+        return out
+
+    def _batch_call(self, bundle: RegoBundle, documents: list[dict[str, Any]],
+                    entrypoint: str | None = None) -> list[dict[str, Any]] | None:
+        """The worker's raw OP_EVAL_BATCH results (dicts, "value" as rego-cpp's text), or None."""
+        if self._pool.closed or self._broken.get(bundle.digest) is not None:
+            return None
+        request: dict[str, Any] = {"inputs": documents}
+        if entrypoint:
+            request["entrypoint"] = entrypoint
         try:
-            body = json.dumps(documents, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+            body = json.dumps(request, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
         except (TypeError, ValueError, UnicodeEncodeError):
             return None
         w = self._pool.acquire(self.acquire_timeout)
@@ -333,17 +371,8 @@ class RegoEngine:
             results = None
         if not isinstance(results, list) or len(results) != len(documents):
             return None
-        out = []
-        for document, r in zip(documents, results, strict=True):
-            if not isinstance(r, dict):
-                out.append(self._eval_error(bundle, "the rego worker returned an unreadable batch result"))
-            elif "value" in r:
-                out.append(self._decision(bundle, document, "value", str(r["value"]).encode("utf-8")))
-            elif r.get("undefined"):
-                out.append(self._decision(bundle, document, "undefined", ""))
-            else:
-                out.append(self._decision(bundle, document, "error", str(r.get("error", "unknown error"))))
-        return out
+        return [r if isinstance(r, dict) else {"error": "the rego worker returned an unreadable batch result"}
+                for r in results]
 
     def _decision(self, bundle: RegoBundle, document: dict[str, Any], outcome: str, text: str | bytes) -> Decision:
         """The Decision for what the worker answered: "value" (rego-cpp's rendering of the

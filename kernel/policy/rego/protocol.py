@@ -23,8 +23,9 @@ OP_LAST_PRINTS = 4  # → OP_OK with the print() output of the last OP_EVAL_PRIN
 # entrypoint: {"value": TEXT} (rego-cpp's rendering), {"undefined": true} or {"error": MESSAGE}.
 # The traces, line coverage and error locations of the instrumented twins (instrument.py).
 OP_PROBE = 5
-# key + JSON array of input documents → OP_OK JSON {"results": [R, ...]}, one R per document as for
-# OP_PROBE: the entrypoint evaluated on each in turn (the policy test runner's cases, in batches).
+# key + JSON {"inputs": [DOC, ...][, "entrypoint": NAME]} → OP_OK JSON {"results": [R, ...]}, one R
+# per document as for OP_PROBE: the bundle's entrypoint (or NAME) evaluated on each in turn (the
+# policy test runner's cases, in batches; with --coverage, the twin's combined probe).
 OP_EVAL_BATCH = 6
 
 # worker → kernel

@@ -17,7 +17,8 @@ from .decision import _VERDICT_RANK, decision_from_output
 from .document import input_document
 from .instrument import Instrumented, LineCoverage
 
-__all__ = ["ProbeError", "Prober", "Traced", "decision_json", "explain_rego", "locate_error", "traced_evaluate"]
+__all__ = ["ProbeError", "Prober", "Traced", "decision_json", "explain_rego", "locate_error", "traced_evaluate",
+           "traced_evaluate_many"]
 
 _CONFLICT_CODES = ("eval_conflict_error", "multiple outputs", "must not produce")
 
@@ -32,6 +33,11 @@ class Prober(Protocol):
 
     def probe(self, bundle: RegoBundle, document: dict[str, Any], entrypoints: list[str]) -> list[dict[str, Any]]:
         """Several entrypoints of ``bundle`` on one input; raises ProbeError."""
+        ...
+
+    def probe_many(self, bundle: RegoBundle, documents: list[dict[str, Any]],
+                   entrypoint: str) -> list[dict[str, Any]] | None:
+        """One entrypoint on each document, batched; None: probe them one by one instead."""
         ...
 
     def evaluate_document(self, bundle: RegoBundle, document: dict[str, Any]) -> Decision: ...
@@ -76,6 +82,19 @@ def traced_evaluate(engine: Prober, bundle: RegoBundle, document: dict[str, Any]
         [combined] = engine.probe(twin, document, [probes.combined])
     except ProbeError as exc:
         return Traced(engine.evaluate_document(bundle, document), None, False, set(), str(exc))
+    return _traced(engine, bundle, document, combined)
+
+
+def traced_evaluate_many(engine: Prober, bundle: RegoBundle, documents: list[dict[str, Any]]) -> list[Traced]:
+    """`traced_evaluate` for each document, the twin's probes in batched worker calls."""
+    twin, probes = bundle.instrumented
+    results = engine.probe_many(twin, documents, probes.combined)
+    if results is None:
+        return [traced_evaluate(engine, bundle, d) for d in documents]
+    return [_traced(engine, bundle, d, r) for d, r in zip(documents, results, strict=True)]
+
+
+def _traced(engine: Prober, bundle: RegoBundle, document: dict[str, Any], combined: dict[str, Any]) -> Traced:
     result = combined.get("value")
     if not isinstance(result, dict):  # an evaluation error: the plain path says (and locates) it
         return Traced(engine.evaluate_document(bundle, document), None, False, set(),

@@ -245,14 +245,17 @@ class Worker:
 
     def evaluate_batch(self, payload: bytes) -> None:
         """The entrypoint on each of several input documents (OP_EVAL_BATCH)."""
-        found = self._request(payload, "input documents")
+        found = self._request(payload, "batch request")
         if found is None:
             return
-        entry, documents = found
+        entry, req = found
+        documents = req.get("inputs") if isinstance(req, dict) else None
         if not isinstance(documents, list):
-            self.fail("a batch is a JSON array of input documents")
+            self.fail('a batch is a JSON object with "inputs", an array of input documents')
             return
         _, bundle, entrypoint, runtime = entry
+        if req.get("entrypoint"):
+            entrypoint = str(req["entrypoint"]).encode("utf-8")
         results: list[dict[str, Any]] = []
         for document in documents:
             if self.test_hooks:

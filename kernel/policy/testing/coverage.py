@@ -16,7 +16,7 @@ from kernel.domain.decision import Decision, PolicyInput
 from kernel.policy.rego.document import input_document
 from kernel.policy.rego.instrument import LineCoverage
 from kernel.policy.rego.testcover import instrument_tests
-from kernel.policy.rego.trace import traced_evaluate
+from kernel.policy.rego.trace import Traced, traced_evaluate, traced_evaluate_many
 
 from .rego_tests import RegoTestResult, run_rego_test_coverage
 
@@ -38,7 +38,14 @@ class RegoLineCoverage:
         self.coverage.merge(self._probes.line_coverage(set(), roots=()))  # every line, none covered yet
 
     def evaluate(self, inp: PolicyInput) -> Decision:
-        traced = traced_evaluate(self.engine, self.bundle, input_document(inp))
+        return self._record(traced_evaluate(self.engine, self.bundle, input_document(inp)))
+
+    def evaluate_many(self, inputs: list[PolicyInput]) -> list[Decision]:
+        """`evaluate` for each input, the probes in batched worker calls."""
+        traced = traced_evaluate_many(self.engine, self.bundle, [input_document(i) for i in inputs])
+        return [self._record(t) for t in traced]
+
+    def _record(self, traced: Traced) -> Decision:
         if traced.error and len(self.errors) < 5:
             self.errors.append(traced.error)
         key = frozenset(traced.hits)

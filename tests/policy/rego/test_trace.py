@@ -11,7 +11,7 @@ from kernel.domain.decision import Verdict
 from kernel.errors import ValidationError
 from kernel.policy.rego import RegoEngine, compile_rego_bundle, input_document
 from kernel.policy.rego.rules import read_rules
-from kernel.policy.rego.trace import explain_rego, traced_evaluate
+from kernel.policy.rego.trace import explain_rego, traced_evaluate, traced_evaluate_many
 
 from .conftest import bundle_of, step
 
@@ -175,3 +175,15 @@ def test_shipped_bundles_instrument_and_agree_with_the_plain_evaluation(engine: 
         assert traced.error == "", twin
         assert traced.decision == engine.evaluate(bundle, inp), twin
         assert bundle.instrumented[1].skipped == {}, twin
+
+
+def test_traced_evaluation_in_batches_answers_what_one_at_a_time_does(engine: RegoEngine) -> None:
+    """The --coverage run's batches (one worker call for many cases) against one call per case,
+    an evaluation error among them (a conflict: the plain path decides and locates it)."""
+    bundle = bundle_of(OVERRIDE + 'mode := "a" if input.args.command == "x"\nmode := "b" if input.args.command == "x"\n'
+                       'decision contains {"decision": "deny", "rule_id": "m"} if mode == "c"\n')
+    docs = [input_document(step(command=c)) for c in ("ls", "rm -rf /", "never", "x", "ls")]
+    one = [traced_evaluate(engine, bundle, d) for d in docs]
+    many = traced_evaluate_many(engine, bundle, docs)
+    assert [(t.decision, t.hits, t.error) for t in many] == [(t.decision, t.hits, t.error) for t in one]
+    assert many[3].decision.rule_id == "eval-error" and many[0].hits
