@@ -469,9 +469,12 @@ def record_outcome(
         if s.status != StepStatus.EXECUTING:
             raise Conflict(f"conflict: cannot record outcome for step in status {s.status.value}")
         check_attempt(d, execution_id, attempt)
+        # The outcome event first, so the step's one update also records that event's seq
+        # (outcome_seq, which a fork's lineage reads).
         if failed:
-            tx.update_step(step_id, status=StepStatus.FAILED, error=error, completed_at=now)
-            seq = tx.append(execution_id, now, [ev.step(EventType.STEP_FAILED, step_id, s.kind, s.target, error=error)])
+            seq = tx.append(execution_id, now, [ev.step(EventType.STEP_FAILED, step_id, s.kind, s.target, error=error)],
+                            mark_outcomes=False)
+            tx.update_step(step_id, status=StepStatus.FAILED, error=error, completed_at=now, outcome_seq=seq)
             resources.record_captures(tx, execution_id, now, captures or [], capture_failures or [], at_seq=seq)
             return StepAnswer("recorded")
         usage = parse_usage(result) if s.kind == StepKind.LLM_CALL else None
@@ -481,8 +484,9 @@ def record_outcome(
             values.update(usage_input=usage[0], usage_output=usage[1])
             extra["usage"] = {"input_tokens": usage[0], "output_tokens": usage[1]}
             tx.add_usage(execution_id, usage[0], usage[1])
-        tx.update_step(step_id, **values)
-        seq = tx.append(execution_id, now, [ev.step(EventType.STEP_SUCCEEDED, step_id, s.kind, s.target, **extra)])
+        seq = tx.append(execution_id, now, [ev.step(EventType.STEP_SUCCEEDED, step_id, s.kind, s.target, **extra)],
+                        mark_outcomes=False)
+        tx.update_step(step_id, **values, outcome_seq=seq)
         resources.record_captures(tx, execution_id, now, captures or [], capture_failures or [], at_seq=seq)
         return StepAnswer("recorded")
 

@@ -15,6 +15,7 @@ class Dialect(Protocol):
     """Implemented by `SqlStore` (base.py) and its per-dialect subclasses."""
 
     inputs: DecodedInputs
+    dialect: str  # "sqlite" or "postgresql"
 
     def upsert(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> None: ...
 

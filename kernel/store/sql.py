@@ -37,6 +37,7 @@ from kernel.store.statements import (
     ACTIVE_POLICY_REF,
     ADD_USAGE,
     APPEND,
+    APPEND_WITH_EVENTS,
     COUNT_EVENTS,
     D_COLS,
     E_COLS,
@@ -373,13 +374,15 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
     # -- events ---------------------------------------------------------------------------
     def append(
         self, execution_id: str, now: datetime, events: Sequence[tuple[str, dict[str, Any]]],
-        *, decision: tuple[int, DecisionRecord] | None = None, **execution_values: Any,
+        *, decision: tuple[int, DecisionRecord] | None = None, mark_outcomes: bool = True, **execution_values: Any,
     ) -> int:
-        """Append events with gapless seqs and apply execution updates, in two statements.
+        """Append events with gapless seqs and apply execution updates: on PostgreSQL in one
+        statement (with the decision's journal row too), elsewhere in two or three.
 
         `decision`: (index in `events` of the decision event, its record): the decisions row is
         written in this transaction, with that event's seq. Must run under the execution's lock.
-        Returns the last seq written.
+        `mark_outcomes=False`: the caller writes an outcome event's seq on its step itself, with
+        the step's own update (record_outcome: one statement fewer). Returns the last seq written.
         """
         n = len(events)
         if "status" in execution_values:
@@ -388,39 +391,60 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
             if key in execution_values:
                 execution_values[key] = codec.dumps_or_none(execution_values[key])
         execution_values["updated_at"] = now
-        stmt = APPEND.get(tuple(sorted(execution_values)))
-        last = stmt.scalar(self.w, {"_id": execution_id, "_n": n, **execution_values})
-        if last is None:
-            raise LookupError(f"execution {execution_id} not found")
-        if n:
-            first = last - n + 1
-            rows = [
-                (execution_id, first + i, str(typ), codec.dumps(payload), now)
-                for i, (typ, payload) in enumerate(events)
-            ]
-            params: dict[str, Any] | None = None
-            if decision is not None:
-                index, record = decision
-                params = decision_params(record)
-                params["event_seq"] = first + index
-            event_params = (
-                {f"{c}_{i}": v for i, row in enumerate(rows) for c, v in zip(EVENT_COLUMNS, row, strict=True)}
-                if n <= MAX_EVENT_ROWS else None
-            )
-            if event_params is not None and params is not None and self.w.dialect.name == "postgresql":
-                event_params.update({f"d_{c}": v for c, v in params.items()})
-                INSERT_EVENT_ROWS_AND_DECISION.get(n).run(self.w, event_params)  # one round trip
-                params = None
-            elif event_params is not None:
-                INSERT_EVENT_ROWS.get(n).run(self.w, event_params)
-            else:
-                INSERT_EVENTS.many(self.w, [dict(zip(EVENT_COLUMNS, row, strict=True)) for row in rows])
-            if params is not None:
-                INSERT_DECISION.run(self.w, params)
+        keys = tuple(sorted(execution_values))
+        params: dict[str, Any] | None = None
+        if decision is not None:
+            params = decision_params(decision[1])
+        if 0 < n <= MAX_EVENT_ROWS and self.store.dialect == "postgresql":
+            # One statement: the seq advance feeds the events' INSERT (and the journal row's).
+            values = {"_id": execution_id, "_n": n, **execution_values}
             for i, (typ, payload) in enumerate(events):
-                if typ in OUTCOME_EVENT_TYPES and "step_id" in payload:
-                    SET_OUTCOME_SEQ.run(self.w, {"_id": payload["step_id"], "seq": first + i})
+                values[f"type_{i}"], values[f"payload_{i}"] = str(typ), codec.dumps(payload)
+            if params is not None:
+                values.update({f"d_{c}": v for c, v in params.items() if c != "event_seq"})
+            index = decision[0] if decision is not None else None
+            written = APPEND_WITH_EVENTS.get((keys, n, index)).all(self.w, values)
+            if not written:
+                raise LookupError(f"execution {execution_id} not found")
+            last = max(r[0] for r in written)
+        else:
+            last = APPEND.get(keys).scalar(self.w, {"_id": execution_id, "_n": n, **execution_values})
+            if last is None:
+                raise LookupError(f"execution {execution_id} not found")
+            if n:
+                self._insert_events(execution_id, now, events, last, decision, params)
+        first = last - n + 1
+        for i, (typ, payload) in enumerate(events if mark_outcomes else ()):
+            if typ in OUTCOME_EVENT_TYPES and "step_id" in payload:
+                SET_OUTCOME_SEQ.run(self.w, {"_id": payload["step_id"], "seq": first + i})
         return int(last)
+
+    def _insert_events(
+        self, execution_id: str, now: datetime, events: Sequence[tuple[str, dict[str, Any]]], last: int,
+        decision: tuple[int, DecisionRecord] | None, params: dict[str, Any] | None,
+    ) -> None:
+        n = len(events)
+        first = last - n + 1
+        rows = [
+            (execution_id, first + i, str(typ), codec.dumps(payload), now)
+            for i, (typ, payload) in enumerate(events)
+        ]
+        if decision is not None and params is not None:
+            params["event_seq"] = first + decision[0]
+        event_params = (
+            {f"{c}_{i}": v for i, row in enumerate(rows) for c, v in zip(EVENT_COLUMNS, row, strict=True)}
+            if n <= MAX_EVENT_ROWS else None
+        )
+        if event_params is not None and params is not None and self.w.dialect.name == "postgresql":
+            event_params.update({f"d_{c}": v for c, v in params.items()})
+            INSERT_EVENT_ROWS_AND_DECISION.get(n).run(self.w, event_params)  # one round trip
+            params = None
+        elif event_params is not None:
+            INSERT_EVENT_ROWS.get(n).run(self.w, event_params)
+        else:
+            INSERT_EVENTS.many(self.w, [dict(zip(EVENT_COLUMNS, row, strict=True)) for row in rows])
+        if params is not None:
+            INSERT_DECISION.run(self.w, params)
 
     def list_events(self, execution_id: str, after_seq: int, limit: int) -> list[Event]:
         q = (
