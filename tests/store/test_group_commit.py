@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import IntegrityError
 
+from kernel.api import threads
 from kernel.api.threads import Lane
 from kernel.domain import Agent, Step, StepStatus
 from kernel.store.migrations import migrate
@@ -25,7 +26,10 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
-def grouped(tmp_path: Path) -> Iterator[tuple[SqliteStore, Lane, Path]]:
+def grouped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[SqliteStore, Lane, Path]]:
+    # A group's time bound is 4 ms; on a loaded machine five use cases can take longer, which
+    # would split the group these tests build (correctly, but they assert one group).
+    monkeypatch.setattr(threads, "GROUP_SECONDS", 30.0)
     path = tmp_path / "regent.db"
     store = SqliteStore(f"sqlite:///{path}")
     migrate(store)
@@ -86,9 +90,10 @@ def test_queued_use_cases_share_one_commit_and_answer_only_once_it_is_done(group
                                    lambda i: seen_at_answer.setdefault(i, committed_agents(path)))
 
     assert answers == names
-    # When the first answer arrived every row of the group was committed: one commit for all.
+    # Each answer came once its own row was committed, and the first once every row of the
+    # group was: one commit for all.
+    assert all(names[i] in seen for i, seen in seen_at_answer.items())
     assert seen_at_answer[0] == set(names)
-    assert all(seen == set(names) for seen in seen_at_answer.values())
 
 
 def test_a_use_case_that_fails_in_a_group_takes_only_its_own_writes_with_it(grouped: Any) -> None:
