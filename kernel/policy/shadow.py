@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from kernel.domain import Decision, PolicyInput, Verdict
 from kernel.domain.decision import PolicyKind, ShadowRef
@@ -63,6 +64,13 @@ class ShadowBundles:
         if hit is not None:
             return hit
         result: CompiledBundle | Exception
+        engine: Any = None
+        if ref.kind == "rego":
+            try:
+                engine = self.rego.get()
+            except Exception as exc:  # the pool did not start (say, a saturated host at nice +19):
+                log.error("shadow Rego workers did not start (agent %s): %s", ref.agent_id, exc)
+                return exc  # not the bundle's fault, so not cached: the next judgement tries again
         try:
             with self.store.read() as tx:
                 content = tx.shadow_content(ref.id)
@@ -71,7 +79,7 @@ class ShadowBundles:
             if ref.kind == "yaml":
                 result = compile_yaml(content, ref.revision)
             elif ref.kind == "rego":
-                result = RegoCompiled(parse_rego_content(content), self.rego.get())
+                result = RegoCompiled(parse_rego_content(content), engine)
             else:
                 raise LookupError(f"no engine for bundle kind {ref.kind!r}")
         except Exception as exc:

@@ -193,3 +193,49 @@ def test_disagreement_rows_past_their_retention_are_deleted_and_the_tallies_kept
 class _Deny:
     def evaluate(self, ref: ShadowRef, inp: PolicyInput) -> Decision:
         return Decision(Verdict.DENY, "deny-all", "the candidate denies")
+
+
+def test_shadow_workers_that_did_not_start_are_tried_again_not_cached_as_a_bundle_error(
+    kernel: Kernel, running: Running,
+) -> None:
+    import json
+
+    from kernel.core.policies import store_policy
+    from kernel.policy.resolver import LazyRegoEngine
+    from kernel.policy.shadow import ShadowBundles
+
+    class FlakyStart:
+        """The first start fails (as a worker that missed its start timeout), the next succeeds."""
+
+        def __init__(self) -> None:
+            self.real = LazyRegoEngine(size=1)
+            self.calls = 0
+
+        def get(self) -> object:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("rego worker did not start (timeout)")
+            return self.real.get()
+
+        def close(self) -> None:
+            self.real.close()
+
+    kernel.policy = BundleResolver(kernel.store)
+    rego = FlakyStart()
+    bundles = ShadowBundles(kernel.store, rego)  # type: ignore[arg-type]
+    store_policy(kernel, "shell", "yaml", ACTIVE)
+    candidate = {"modules": {"policy.rego": 'package shell\nimport rego.v1\n\n'
+                                            'decision := {"decision": "deny", "rule_id": "no"}\n'},
+                 "data": {}, "manifest": {"revision": "candidate", "roots": ["shell"], "metadata": {
+                     "regent": {"entrypoint": "shell/decision", "default_action": "deny"}}}}
+    shadow.store_shadow(kernel, "shell", "rego", json.dumps(candidate), Actor("secops", "key"))
+    [ref] = shadow.shadowing_refs(kernel)
+    inp = PolicyInput(agent_id="shell", kind="tool_call", target="transfer_funds", args={},
+                      idempotency="safe_to_retry", execution={}, usage={}, now="2026-12-01T00:00:00Z")
+    try:
+        first = bundles.evaluate(ref, inp)
+        assert first.rule_id == "bundle-error" and "did not start" in (first.reason or "")
+        second = bundles.evaluate(ref, inp)
+        assert (second.verdict, second.rule_id) == (Verdict.DENY, "no")
+    finally:
+        bundles.close()
