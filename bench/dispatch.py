@@ -131,12 +131,12 @@ def _create_loop(url: str, token: str, stop: threading.Event, acked: list[float]
 
 
 def measure(seconds: float, clients: int = CLIENTS, extra_env: dict[str, str] | None = None,
-            keep: bool = False) -> dict[str, float]:
+            keep: bool = False, db_url: str | None = None) -> dict[str, float]:
     """`keep` leaves the temp dir (the server's log) in place."""
     tmp = Path(tempfile.mkdtemp(prefix="regent-bench-dispatch-"))
     try:
         with _receiver() as agent_url:
-            db = f"sqlite:///{tmp}/dispatch-bench.db"
+            db = db_url or f"sqlite:///{tmp}/dispatch-bench.db"
             _prepare(db, f"{agent_url}/webhook")
             bearer = "bench-dispatch-" + uuid.uuid4().hex
             env = {"REGENT_BEARER_TOKEN": bearer, "REGENT_MAX_BACKLOG": "0", **(extra_env or {})}

@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     dispatch_max_delay: float = 30.0
     dispatch_timeout: float = 30.0
     # Webhooks in flight at once per replica, and the most rows claimed ahead of them
-    dispatch_concurrency: int = Field(default=32, ge=1, le=1024)
+    dispatch_concurrency: int = Field(default=64, ge=1, le=1024)
     dispatch_lease_timeout: float = 120.0
     dispatch_poll_interval: float = 0.25
     # Admission control: POST /v0/executions answers 503 with Retry-After while this many

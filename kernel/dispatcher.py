@@ -5,8 +5,8 @@ The core use cases are blocking (they run transactions), so every one runs off t
 in the serving process on the API's lane, ahead of the requests' calls (`run_blocking`), rather
 than on a thread of its own that raced a busy lane for SQLite's write lock and lost nearly every
 time (7 deliveries/s under 280 creates/s). The loop itself only waits on HTTP and timers, on an
-event loop of its own (`DispatcherThread`). Claims go out in calls of `CLAIM_CHUNK` rows, one after
-the other while rows are due, and verdicts are recorded in batches after the webhook answered, so
+event loop of its own (`DispatcherThread`). One call reads the due rows, calls of `CLAIM_CHUNK` of
+them claim them side by side, and verdicts are recorded in batches after the webhook answered, so
 a delivery holds its slot only while it is on the wire.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 import anyio.to_thread
 import httpx
 
-from kernel.core.dispatch import Claim, claim_due, reap_expired_leases, record_delivery
+from kernel.core.dispatch import Claim, claim_ids, due_ids, reap_expired_leases, record_delivery
 from kernel.core.kernel import Kernel
 from kernel.domain import Agent
 from kernel.signing import webhook_signature
@@ -37,7 +37,7 @@ MAX_REAP_INTERVAL = 2.0
 # waiting briefly.
 CLAIM_CHUNK = 8
 RECORD_CHUNK = 16
-MAX_RECORDERS = 2  # record calls queued at once
+MAX_RECORDERS = 4  # record calls queued at once (PostgreSQL's lane runs them side by side)
 
 
 def webhook_body(claim: Claim) -> bytes:
@@ -69,8 +69,8 @@ def reap_interval(default_lease_seconds: float) -> float:
     return max(0.05, min(MAX_REAP_INTERVAL, default_lease_seconds / 4))
 
 
-def _claim_with_agents(k: Kernel, limit: int) -> list[tuple[Claim, Agent | None]]:
-    claims = claim_due(k, limit)
+def _claim_with_agents(k: Kernel, ids: list[str]) -> list[tuple[Claim, Agent | None]]:
+    claims = claim_ids(k, ids)
     if not claims:
         return []
     try:
@@ -164,19 +164,32 @@ class Dispatcher:
         idle = self.concurrency - len(self._active)
         if idle <= 0:
             return 0
+        ids = await self._run_blocking(due_ids, self.kernel, idle)
+        if not ids:
+            return 0
+        # Disjoint chunks, claimed in parallel where the lane has threads for it (PostgreSQL), one
+        # after the other on SQLite's one; each chunk's rows go on the wire as soon as it is claimed.
+        pending = {asyncio.ensure_future(self._run_blocking(_claim_with_agents, self.kernel, ids[i:i + CLAIM_CHUNK]))
+                   for i in range(0, len(ids), CLAIM_CHUNK)}
         started = 0
-        while started < idle:
-            # One chunk at a time: the next one's rows start on the wire while it is claimed.
-            # (Chunks claimed in parallel read the same oldest due rows and fight over them.)
-            want = min(CLAIM_CHUNK, idle - started)
-            batch = await self._run_blocking(_claim_with_agents, self.kernel, want)
-            for claim, agent in batch:
-                task = asyncio.create_task(self._deliver(claim, agent))
-                self._active.add(task)
-                task.add_done_callback(self._done)
-            started += len(batch)
-            if len(batch) < want:
-                break  # the queue ran dry
+        failed: BaseException | None = None
+        while pending:
+            # Every call's claims are delivered, whichever fails: a claimed row must not be left in flight.
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for call in done:
+                exc = call.exception()
+                if exc is not None:
+                    failed = failed or exc
+                    continue
+                for claim, agent in call.result():
+                    task = asyncio.create_task(self._deliver(claim, agent))
+                    self._active.add(task)
+                    task.add_done_callback(self._done)
+                    started += 1
+        if failed is not None:
+            if not started:
+                raise failed
+            log.error("a claim call failed; the other calls' claims are being delivered", exc_info=failed)
         return started
 
     async def reap_once(self) -> int:

@@ -52,9 +52,18 @@ def claim_due(k: Kernel, limit: int) -> list[Claim]:
     A row whose claim raises (a value the store holds but the claim cannot use) is skipped and
     reported, and moved back in the queue, so one bad row never stops delivery for the others.
     """
-    now = k.clock.now()
+    return claim_ids(k, due_ids(k, limit))
+
+
+def due_ids(k: Kernel, limit: int) -> list[str]:
+    """Up to `limit` due dispatch ids, oldest due first (not claimed yet: `claim_ids` re-checks)."""
     with k.store.transaction() as tx:
-        ids = tx.due_dispatch_ids(now, limit)
+        return tx.due_dispatch_ids(k.clock.now(), limit)
+
+
+def claim_ids(k: Kernel, ids: list[str]) -> list[Claim]:
+    """Claim these dispatches, each under its execution's lock; a row another caller claimed first
+    (or that is no longer due) is left out, and a row whose claim raises is skipped (see below)."""
     claims = []
     for did in ids:
         try:
