@@ -1,0 +1,160 @@
+"""Where a round trip's server CPU goes: one kernel server under the bench's round-trip load,
+sampled by py-spy, plus the server CPU per round trip of the bare app and the kernel side by side.
+
+    python -m bench.profile --target sqlite --seconds 20 --out bench/profiles/sqlite-roundtrip.txt
+    python -m bench.profile --target sqlite --seconds 5 --no-profile    # CPU per round trip only
+
+py-spy (`pip install py-spy`) samples every thread of the server process from outside, so the
+event loop and the lane thread both show; its `--format raw` output (collapsed stacks) is turned
+into a top-down text table of self and total time per function. Not part of the product: the
+`regent bench` figures are the ones quoted; this finds where they come from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import fixtures
+from bench.client import _TICK, drive, round_trip
+from bench.run import _prepare_kernel
+from bench.scenarios import QUICK, Target, _fake_leases, _rt_prepare
+from bench.servers import DEFAULT_PG_URL, free_port, pg_scratch, serve, serve_bare, serve_kernel
+
+
+def _cpu_per_op(target: Target, leases: list, seconds: float, base: int) -> tuple[float, float, int]:
+    def op_for(lease):  # type: ignore[no-untyped-def]
+        return lambda agent, i: round_trip(agent, lease, base + i)
+
+    r = drive(target.make_agent, [op_for(le) for le in leases], duration=seconds, max_ops=10**9,
+              warmup_ops=5, warmup_seconds=0.5, server_pid=target.server.pid)
+    return r.cpu.server * 1000 / max(r.ops, 1), r.throughput, r.ops
+
+
+def _threads(pid: int) -> dict[int, tuple[str, float]]:
+    """Thread id → (name, user+system CPU seconds), from /proc."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / _TICK)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _summarise(raw: Path, out: Path, header: str, top: int = 60) -> None:
+    """Collapsed stacks (`a;b;c N`) → self and inclusive sample counts per frame."""
+    self_n: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        k = int(n)
+        frames = stack.split(";")
+        if frames and frames[0].startswith("process"):
+            frames = frames[1:]
+        # Idle waits are not CPU: py-spy --idle is off, so what remains is on-CPU or holding the GIL.
+        total += k
+        self_n[frames[-1]] += k
+        for f in set(frames):
+            incl[f] += k
+    lines = [header, f"samples: {total}", "", "self %  function (file:line)"]
+    for frame, count in self_n.most_common(top):
+        lines.append(f"{100 * count / total:6.2f}  {frame}")
+    lines += ["", "total %  function (file:line)"]
+    for frame, count in incl.most_common(top):
+        lines.append(f"{100 * count / total:6.2f}  {frame}")
+    out.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.profile")
+    p.add_argument("--target", default="sqlite", choices=["sqlite", "postgres"])
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--rounds", type=int, default=3, help="bare/kernel CPU-per-op rounds, alternating")
+    p.add_argument("--out", default=None, help="profile text file (default: no profile)")
+    p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--keep-stacks", action="store_true", help="also keep py-spy's collapsed stacks (.collapsed)")
+    p.add_argument("--pg-url", default=DEFAULT_PG_URL)
+    p.add_argument("--yappi", default=None, help="run the kernel under yappi; its table goes to this file")
+    p.add_argument("--env", action="append", default=[], help="K=V for the kernel server (repeatable)")
+    p.add_argument("--gil", action="store_true", help="sample only the thread holding the GIL (Python CPU)")
+    args = p.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="regent-profile-"))
+    prep = _rt_prepare(lambda _p: args.workers, "profile")
+    try:
+        with contextlib.ExitStack() as stack:
+            if args.target == "sqlite":
+                db = f"sqlite:///{tmp}/profile.db"
+            else:
+                db = stack.enter_context(pg_scratch(args.pg_url))
+            scen = [type("S", (), {"name": "rt", "prepare": staticmethod(prep)})()]
+            agent, prepared = _prepare_kernel(db, scen, QUICK)  # type: ignore[arg-type]
+            if args.yappi:
+                port = free_port()
+                argv = [sys.executable, "-m", "bench.yappi_serve", str(Path(args.yappi).resolve()), "serve",
+                        "--db-url", db, "--host", "127.0.0.1", "--port", str(port)]
+                env = {"REGENT_BEARER_TOKEN": "bench-x", "REGENT_SQLITE_SYNCHRONOUS": "full"}
+                ksrv = stack.enter_context(serve(args.target, argv, port, env, tmp))
+            else:
+                extra = dict(kv.split("=", 1) for kv in args.env)
+                ksrv = stack.enter_context(serve_kernel(args.target, db, tmp, extra))
+            bsrv = stack.enter_context(serve_bare(tmp))
+            ksrv.wait_ready(120)
+            bsrv.wait_ready(120)
+            kt = Target(args.target, "kernel", ksrv, agent)
+            bt = Target("bare", "bare", bsrv, fixtures.AgentCreds(fixtures.AGENT_ID, "x"))
+            bare_leases = _fake_leases(args.workers)
+            rows = []
+            for i in range(args.rounds):
+                b = _cpu_per_op(bt, bare_leases, 2.0, 0)
+                k = _cpu_per_op(kt, prepared["rt"], 2.0, (i + 1) * 10_000_000)
+                rows.append((b, k))
+                print(f"round {i}: bare {b[0]:.3f} ms/op {b[1]:.0f} op/s · {args.target} {k[0]:.3f} ms/op "
+                      f"{k[1]:.0f} op/s · cpu ratio {k[0] / b[0]:.2f}× · throughput {100 * k[1] / b[1]:.1f} %",
+                      flush=True)
+            bm = sorted(r[0][0] for r in rows)[len(rows) // 2]
+            km = sorted(r[1][0] for r in rows)[len(rows) // 2]
+            print(f"median: bare {bm:.3f} ms/op, {args.target} {km:.3f} ms/op, ratio {km / bm:.2f}×")
+            if args.out and not args.no_profile:
+                spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+                raw = tmp / "raw.txt"
+                rec = subprocess.Popen([spy, "record", "--pid", str(ksrv.pid), "--format", "raw", "--rate", "250",
+                                        "--output", str(raw), "--duration", str(int(args.seconds) + 2), "--nonblocking",
+                                        *(["--gil"] if args.gil else [])],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1.0)
+                before = _threads(ksrv.pid)
+                k = _cpu_per_op(kt, prepared["rt"], args.seconds, 90_000_000)
+                after = _threads(ksrv.pid)
+                rec.wait(timeout=args.seconds + 60)
+                with open("/proc/loadavg") as f:
+                    load = " ".join(f.read().split()[:3])
+                per_thread = sorted(((after[t][1] - before.get(t, (None, 0.0))[1]) * 1000 / max(k[2], 1), after[t][0])
+                                    for t in after)
+                threads = ", ".join(f"{name} {ms:.3f}" for ms, name in reversed(per_thread) if ms > 0.005)
+                _summarise(raw, Path(args.out), f"{args.target} round trip, {args.workers} workers, {args.seconds:g} s, "
+                           f"{k[2]} round trips, server CPU {k[0]:.3f} ms/op (under py-spy{', --gil' if args.gil else ''}), "
+                           f"load {load}\nCPU ms per round trip by thread: {threads}")
+                if args.keep_stacks:
+                    shutil.copy(raw, Path(args.out).with_suffix(".collapsed"))
+                print(f"profile: {args.out}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
