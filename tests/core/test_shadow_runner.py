@@ -136,11 +136,11 @@ def test_a_rego_shadow_is_compiled_and_its_workers_started_before_its_first_step
     runner.start()
     kernel.shadow = runner
     try:
+        [ref] = list(runner._refs.values())
         deadline = time.monotonic() + 30
-        while rego._engine is None and time.monotonic() < deadline:
+        while ref.id not in bundles._cache and time.monotonic() < deadline:  # the pool starts first
             time.sleep(0.01)
         assert rego._engine is not None  # started with no step submitted
-        [ref] = list(runner._refs.values())
         assert ref.id in bundles._cache and not isinstance(bundles._cache[ref.id], Exception)
         eid, did, att = running.start()
         assert submit_step(kernel, "shell", eid, did, att, _req(0)).decision == "proceed"
