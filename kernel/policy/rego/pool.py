@@ -38,11 +38,8 @@ _BACKOFF_BASE_SECONDS = 0.05
 _BACKOFF_MAX_SECONDS = 2.0
 _FREE_RESTARTS_PER_WORKER = 4
 # How long a worker polls for the next request after a reply before it blocks (worker.py,
-# Worker._await_request), and the kernel's thread for a reply (WorkerHandle._poll_reply): waking a
-# sleeping vCPU cost about as much as the evaluation on a quiet VM.
+# Worker._await_request): waking a sleeping vCPU cost more than the evaluation on a quiet VM.
 DEFAULT_SPIN_SECONDS = 200e-6
-_PREEMPTED_SECONDS = 30e-6  # one poll turn (recv + sched_yield) is a few µs unless something else ran
-_NO_POLL_SECONDS = 0.05
 
 
 class WorkerStartError(RuntimeError):
@@ -104,11 +101,6 @@ class WorkerHandle:
         self._buffer = bytearray()
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
-        # The kernel's side of the poll-before-block (see worker.Worker._await_request): while
-        # replies come within the window, the calling thread polls for the next one that long.
-        self.spin_seconds = 0.0
-        self._replies_fast = False
-        self._no_poll_until = 0.0
 
     def call(self, op: int, payload: bytes, timeout: float) -> tuple[int, bytes]:
         """One request/reply; raises WorkerFault (the caller must then discard this worker)."""
@@ -117,41 +109,7 @@ class WorkerHandle:
             self.sock.sendall(P.frame(op, payload))
         except OSError as exc:
             raise WorkerFault("crash", str(exc)) from None
-        if self._replies_fast and not self._buffer:
-            self._poll_reply(deadline)
         return self.read_frame(deadline)
-
-    def _poll_reply(self, deadline: float) -> None:
-        """Poll (without blocking, yielding the CPU and the GIL each turn) for the reply's first
-        bytes for up to ``spin_seconds``: a thread blocked in poll() puts an idle vCPU to sleep,
-        and waking it cost ~40 µs of a round trip on a quiet 2-CPU VM. A turn that shows something
-        else ran meanwhile stops polling for 50 ms; replies slower than the window stop it until
-        one is fast again."""
-        clock = time.monotonic
-        start = last = clock()
-        if start < self._no_poll_until:
-            return
-        stop = min(deadline, start + self.spin_seconds)
-        while True:
-            try:
-                chunk = self.sock.recv(65536, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                os.sched_yield()
-                now = clock()
-                if now - last > _PREEMPTED_SECONDS:
-                    self._no_poll_until = now + _NO_POLL_SECONDS
-                    return
-                if now >= stop:
-                    self._replies_fast = False
-                    return
-                last = now
-                continue
-            except OSError as exc:
-                raise WorkerFault("crash", str(exc)) from None
-            if not chunk:
-                raise WorkerFault("crash", "connection closed")
-            self._buffer += chunk
-            return
 
     def read_frame(self, deadline: float) -> tuple[int, bytes]:
         # The socket stays blocking and is waited on with poll(): settimeout() would cost two
@@ -168,10 +126,6 @@ class WorkerHandle:
                     data = bytes(buf[P.HEADER.size : need])
                     del buf[:need]
                     return op, data
-            if self.spin_seconds and not self._replies_fast and not buf:
-                waited_from = time.monotonic()
-            else:
-                waited_from = 0.0
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._poll.poll(max(1, math.ceil(remaining * 1000))):
                 raise WorkerFault("timeout")
@@ -181,8 +135,6 @@ class WorkerHandle:
                 raise WorkerFault("crash", str(exc)) from None
             if not chunk:
                 raise WorkerFault("crash", "connection closed")
-            if waited_from:  # a reply that came within the window: poll for the next one
-                self._replies_fast = time.monotonic() - waited_from <= self.spin_seconds
             buf += chunk
 
     def kill(self) -> None:
@@ -258,7 +210,6 @@ def start_worker(*, test_hooks: bool, start_timeout: float, nice: int = 0,
         with contextlib.suppress(OSError):  # gone already: the HELLO read below reports it
             os.setpriority(os.PRIO_PROCESS, proc.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
     handle = WorkerHandle(proc, parent, stderr)
-    handle.spin_seconds = max(0.0, spin_seconds)
     try:
         op, payload = handle.read_frame(time.monotonic() + start_timeout)
         if op != P.OP_HELLO:
