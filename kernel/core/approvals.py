@@ -8,8 +8,8 @@ from datetime import datetime
 from kernel.core import decision_log as dlog
 from kernel.core import events as ev
 from kernel.core.decisions import approval_record
-from kernel.core.dispatch import enqueue
 from kernel.core.kernel import Kernel
+from kernel.core.leases import enqueue
 from kernel.domain import (
     Approval,
     ApprovalStatus,

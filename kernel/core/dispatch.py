@@ -1,4 +1,7 @@
-"""Dispatch rows and leases: enqueue, claim, delivery verdicts, lease reaping (rebuno-v0 §6)."""
+"""Delivering executions: claiming due dispatch rows, delivery verdicts, lease reaping (rebuno-v0 §6).
+
+The primitives other use cases call inside their own transactions (enqueue, lease renewal, the
+rate-limit park) are `kernel.core.leases`'s."""
 
 from __future__ import annotations
 
@@ -8,32 +11,16 @@ from datetime import datetime, timedelta
 
 from kernel.core import events as ev
 from kernel.core.kernel import Kernel
-from kernel.domain import Dispatch, DispatchStatus, EventType, ExecutionStatus
-from kernel.errors import LeaseSuperseded
-from kernel.identity import new_uuid7
+from kernel.core.sessions import ended
+from kernel.domain import DispatchStatus, EventType, ExecutionStatus
 from kernel.store import Tx
 
 log = logging.getLogger("kernel.dispatch")
 
 
-def enqueue(k: Kernel, tx: Tx, execution_id: str, now: datetime, due: datetime | None = None) -> tuple[Dispatch, ev.Ev]:
-    """Insert a pending dispatch; the caller appends the returned `dispatch.queued` event."""
-    d = Dispatch(
-        id=new_uuid7(),
-        execution_id=execution_id,
-        status=DispatchStatus.PENDING,
-        attempt=0,
-        max_attempts=k.dispatch_max_attempts,
-        next_attempt_at=due or now,
-        created_at=now,
-        updated_at=now,
-    )
-    tx.insert_dispatch(d)
-    extra = {"next_attempt_at": due.isoformat()} if due and due > now else {}
-    return d, ev.dispatch(EventType.DISPATCH_QUEUED, d.id, execution_id, "pending", 0, **extra)
-
-
 @dataclass(frozen=True, slots=True)
+
+
 class Claim:
     """A claimed delivery: what the webhook body carries."""
 
@@ -111,8 +98,6 @@ def claim_one(k: Kernel, dispatch_id: str) -> Claim | None:
 
 
 def _ended(k: Kernel, execution_id: str) -> None:
-    from kernel.core.sessions import ended
-
     with k.store.read() as tx:
         e = tx.get_execution(execution_id)
     if e is not None and e.status.is_terminal:
@@ -221,22 +206,3 @@ def reap_expired_leases(k: Kernel, batch: int = 100) -> int:
         if len(expired) < batch or reaped == 0:
             break
     return total
-
-
-def require_live_lease(tx: Tx, execution_id: str, dispatch_id: str, attempt: int, now: datetime) -> None:
-    """Renew the lease of the live attempt, or raise 409 lease_superseded."""
-    if not tx.renew_lease(dispatch_id, execution_id, attempt, now):
-        raise LeaseSuperseded()
-
-
-def check_attempt(d: Dispatch | None, execution_id: str, attempt: int) -> None:
-    """Recording a step outcome checks the attempt only (its status does not matter)."""
-    if d is None or d.execution_id != execution_id or d.attempt != attempt:
-        raise LeaseSuperseded()
-
-
-def park_until(k: Kernel, tx: Tx, execution_id: str, now: datetime, wait_seconds: float) -> ev.Ev:
-    """Rate-limit park: retire every dispatch, enqueue one due after the wait."""
-    tx.retire_dispatches(execution_id, now)
-    _, queued = enqueue(k, tx, execution_id, now, due=now + timedelta(seconds=wait_seconds))
-    return queued

@@ -5,28 +5,25 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
 from kernel.core import events as ev
-from kernel.core.dispatch import require_live_lease
 from kernel.core.kernel import Kernel
+from kernel.core.leases import require_live_lease
+from kernel.core.lifecycle import cancel_in_tx, load_owned, owned
 from kernel.core.sessions import ended, start_or_queue
 from kernel.domain import (
-    ApprovalStatus,
     Event,
     EventType,
     Execution,
     ExecutionStatus,
-    StepStatus,
 )
-from kernel.errors import ExecutionTerminal, Forbidden, NotFound, Overloaded
+from kernel.errors import ExecutionTerminal, NotFound, Overloaded
 from kernel.identity import new_uuid7
 from kernel.store import Tx
-
-CANCELLED_ERROR = {"reason": "execution_cancelled"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,20 +106,6 @@ def get_execution(k: Kernel, execution_id: str, agent_id: str | None = None) -> 
         return load_owned(tx, execution_id, agent_id)
 
 
-def load_owned(tx: Tx, execution_id: str, agent_id: str | None) -> Execution:
-    """The execution, checked to belong to the calling agent (None = a client principal)."""
-    return owned(tx.get_execution(execution_id), agent_id)
-
-
-def owned(e: Execution | None, agent_id: str | None) -> Execution:
-    """`e` if it exists and belongs to the calling agent (None = a client principal)."""
-    if e is None:
-        raise NotFound("execution not found")
-    if agent_id is not None and e.agent_id != agent_id:
-        raise Forbidden("forbidden: execution belongs to another agent")
-    return e
-
-
 def list_executions(
     k: Kernel, agent_id: str | None, status: str | None, cursor: str | None, limit: int,
     session: str | None = None, parent: str | None = None,
@@ -163,34 +146,6 @@ def cancel_execution(k: Kernel, execution_id: str, reason: str = "client_cancell
             raise ExecutionTerminal("execution is terminal")
         cancel_in_tx(tx, e, now, reason)
     ended(k, dataclasses.replace(e, status=ExecutionStatus.CANCELLED))
-
-
-def cancel_one(k: Kernel, execution_id: str, reason: str) -> Execution | None:
-    """Cancel one execution if it is still live (no cascade; the caller walks the tree)."""
-    now = k.clock.now()
-    with k.store.transaction(lock=execution_id) as tx:
-        e = tx.get_execution(execution_id)
-        if e is None or e.status.is_terminal:
-            return None
-        cancel_in_tx(tx, e, now, reason)
-    return dataclasses.replace(e, status=ExecutionStatus.CANCELLED)
-
-
-def cancel_in_tx(tx: Tx, e: Execution, now: datetime, reason: str) -> None:
-    """Cancel under the lock: pending approvals expire, executing steps are cancelled."""
-    tx.retire_dispatches(e.id, now)
-    out: list[ev.Ev] = [ev.execution(EventType.EXECUTION_CANCELLED, e.id, ExecutionStatus.CANCELLED, reason=reason)]
-    for a in tx.list_approvals("pending", execution_id=e.id):
-        tx.set_approval(a.id, status=ApprovalStatus.EXPIRED, decided_at=now, rationale="execution_cancelled")
-        step = tx.get_step(a.step_id)
-        kind, target = (step.kind, step.target) if step else ("", None)
-        tx.update_step(a.step_id, status=StepStatus.DENIED, error=CANCELLED_ERROR, completed_at=now)
-        out.append(ev.approval(EventType.APPROVAL_EXPIRED, a, "expired", rationale="execution_cancelled"))
-        out.append(ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=CANCELLED_ERROR))
-    for s in tx.steps_in_status(e.id, StepStatus.EXECUTING):
-        tx.update_step(s.step_id, status=StepStatus.CANCELLED, error=CANCELLED_ERROR, completed_at=now)
-        out.append(ev.step(EventType.STEP_CANCELLED, s.step_id, s.kind, s.target, error=CANCELLED_ERROR))
-    tx.append(e.id, now, out, status=ExecutionStatus.CANCELLED, failure_reason=reason, suspended=False)
 
 
 def heartbeat(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int) -> None:

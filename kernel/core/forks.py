@@ -19,8 +19,8 @@ from typing import Any
 
 from kernel.core import events as ev
 from kernel.core import resources
-from kernel.core.dispatch import enqueue
 from kernel.core.kernel import Kernel
+from kernel.core.leases import enqueue
 from kernel.domain import EventType, Execution, ExecutionStatus
 from kernel.errors import NotFound, ValidationError
 from kernel.identity import new_uuid7

@@ -18,9 +18,9 @@ from datetime import datetime
 from typing import Any
 
 from kernel.core import events as ev
-from kernel.core.dispatch import require_live_lease
 from kernel.core.executions import load_owned
 from kernel.core.kernel import Kernel
+from kernel.core.leases import require_live_lease
 from kernel.domain import EventType, Execution
 from kernel.errors import Conflict, ExecutionTerminal, NotFound, ValidationError
 from kernel.store import Tx, codec

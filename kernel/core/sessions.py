@@ -14,9 +14,11 @@ from datetime import datetime
 from typing import Any
 
 from kernel.core import events as ev
-from kernel.core.dispatch import enqueue, require_live_lease
 from kernel.core.kernel import Kernel
+from kernel.core.leases import enqueue, require_live_lease
+from kernel.core.lifecycle import cancel_one, load_owned
 from kernel.domain import EventType, Execution, ExecutionStatus, StepStatus
+from kernel.errors import ExecutionTerminal
 from kernel.store import Tx
 
 log = logging.getLogger("regent.sessions")
@@ -83,8 +85,6 @@ def admit_next(k: Kernel, session: str) -> str | None:
 
 def previous_state(k: Kernel, execution_id: str, agent_id: str | None) -> dict[str, Any]:
     """The previous turn's `state` (or its output when it recorded none)."""
-    from kernel.core.executions import load_owned
-
     with k.store.read() as tx:
         e = load_owned(tx, execution_id, agent_id)
         prev = tx.get_execution(e.previous_execution_id) if e.previous_execution_id else None
@@ -97,8 +97,6 @@ def previous_state(k: Kernel, execution_id: str, agent_id: str | None) -> dict[s
 def suspend(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int) -> bool:
     """The parent waits for its children without a lease: True if it suspended, False when no
     child is still live (their outcomes are already recorded; the handler reads them and goes on)."""
-    from kernel.core.executions import load_owned
-    from kernel.errors import ExecutionTerminal
 
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
@@ -179,8 +177,6 @@ def ended(k: Kernel, e: Execution) -> None:
 
 def cancel_children(k: Kernel, parent_id: str) -> int:
     """Cancel every live descendant (reason `parent_cancelled`), each in its own transaction."""
-    from kernel.core.executions import cancel_one
-
     todo, done = [parent_id], 0
     while todo and done < _MAX_CASCADE:
         pid = todo.pop()

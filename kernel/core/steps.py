@@ -13,9 +13,9 @@ from kernel.core import decision_log as dlog
 from kernel.core import events as ev
 from kernel.core import resources
 from kernel.core.decisions import policy_record
-from kernel.core.dispatch import check_attempt, park_until
 from kernel.core.executions import load_owned, owned
 from kernel.core.kernel import Kernel
+from kernel.core.leases import check_attempt, park_until
 from kernel.core.ports import LimitOutcome, ShadowObservation
 from kernel.core.usage import parse_usage
 from kernel.domain import (

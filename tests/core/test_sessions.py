@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel.core import executions, sessions, steps
+from kernel.core import executions, lifecycle, sessions, steps
 from kernel.core.dispatch import Claim, claim_due
 from kernel.core.executions import Lineage
 from kernel.core.kernel import Kernel
@@ -137,7 +137,7 @@ def test_the_repair_sweep_cancels_the_live_children_of_a_cancelled_parent(runnin
     k = running.kernel
     parent = executions.create_execution(k, "shell", None)[0].id
     child = executions.create_execution(k, "shell", None, lineage=Lineage(parent_execution_id=parent))[0].id
-    executions.cancel_one(k, parent, "client_cancelled")  # the cancel without its cascade (a crash)
+    lifecycle.cancel_one(k, parent, "client_cancelled")  # the cancel without its cascade (a crash)
     assert _status(k, child) == "running"
     assert sessions.repair(k) == 1
     assert _status(k, child) == "cancelled"
