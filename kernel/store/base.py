@@ -41,6 +41,7 @@ class SqlStore:
         self.engine = engine
         self.url = url
         self._upsert_max = _upsert_max_cache(type(self).insert, type(self).greatest)
+        self._insert_new = _insert_new_cache(type(self).insert)
         # Connections kept open between transactions (LIFO, at most _IDLE_MAX): checking a
         # Connection out of the pool and back cost more than a step's reads.
         self._idle: list[tuple[Connection, float]] = []
@@ -121,10 +122,7 @@ class SqlStore:
     def insert_new(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> bool:
         """INSERT … ON CONFLICT (key) DO NOTHING; whether a row was inserted (by RETURNING: the
         driver's rowcount is -1 here on PostgreSQL)."""
-        keys = list(key)
-        stmt = (type(self).insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
-                .returning(table.c[keys[0]]))
-        return conn.execute(stmt).first() is not None
+        return self._insert_new.get((table.name, tuple(values), tuple(key))).first(conn, values) is not None
 
     def upsert_max(
         self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str], column: str
@@ -206,6 +204,25 @@ def _upsert_max_cache(insert: Any, greatest: Any) -> PreparedCache:
             )
 
         cache = _UPSERT_MAX_CACHES.setdefault((insert, greatest), PreparedCache(build))
+    return cache
+
+
+_INSERT_NEW_CACHES: dict[Any, PreparedCache] = {}
+
+
+def _insert_new_cache(insert: Any) -> PreparedCache:
+    """One cache per dialect of `INSERT … ON CONFLICT (key) DO NOTHING RETURNING key[0]`, keyed
+    by (table, columns, key). Built per call it cost more CPU than the statement's round trip
+    (the shared replay guard runs one per signed mutation on PostgreSQL)."""
+    cache = _INSERT_NEW_CACHES.get(insert)
+    if cache is None:
+        def build(spec: tuple[str, tuple[str, ...], tuple[str, ...]]) -> Any:
+            name, cols, key = spec
+            table = t.metadata.tables[name]
+            return (insert(table).values({c: bindparam(c) for c in cols})
+                    .on_conflict_do_nothing(index_elements=list(key)).returning(table.c[key[0]]))
+
+        cache = _INSERT_NEW_CACHES.setdefault(insert, PreparedCache(build))
     return cache
 
 
