@@ -538,3 +538,35 @@ def test_indexed_evaluation_agrees_with_a_scan_in_file_order() -> None:
             step = _step(target)
             selected = [t.rule_id for t in bundle.explain(step) if t.selected]
             assert [bundle.evaluate(step).rule_id] == (selected or ["default"]), (lines, target)
+
+
+def test_compiled_checks_agree_with_explain_on_random_rules() -> None:
+    # evaluate() runs each rule's composed checks (`rest` for rules found through the target
+    # index, `args_test` with only the constraints set); explain() runs `first_failure`, which
+    # reads every condition field by field. Random rules mixing heads and predicates, fixed seed.
+    import random
+
+    rng = random.Random(20261205)
+    heads = ["target: shell", "targets: [shell, transfer_funds]", "target: 'sh*'", "step_kind: tool_call",
+             "agent_id: a1", "agent_ids: [a1, a2]"]
+    predicates = ["{regex: '^ls'}", "{regex: ls}", "{equals: ls}", "{contains: s}", "{one_of: [ls, pwd]}",
+                  "{equals: ls, regex: '^l'}", "{contains: l, one_of: [ls, al]}", "{type: number, gt: 1000}",
+                  "{type: string, one_of: [ls]}", "{exists: true}", "{absent: true}", "{not: {regex: '^ls'}}",
+                  "{lte: 1000, gt: 0}", "{regex: '^1'}"]
+    argses: list[Any] = [{"command": "ls"}, {"command": "pwd"}, {"command": ["ls"]}, {"amount": 1000},
+                         {"amount": 1000.5}, {"amount": "500", "command": "als"}, {}, None, {"command": None},
+                         {"amount": 10**400}]
+    steps = [_step(t, a, k, ag) for t in ("shell", "transfer_funds", "shx") for a in argses
+             for k in ("tool_call", "llm_call") for ag in ("a1", "a3")]
+    for _ in range(120):
+        lines = ["default_action: deny", "rules:"]
+        for i in range(rng.randint(1, 6)):
+            when = list({h.split(":")[0].rstrip("s"): h for h in rng.sample(heads, rng.randint(0, 2))}.values())
+            if rng.random() < 0.7:
+                preds = {key: rng.choice(predicates) for key in rng.sample(["command", "amount"], rng.randint(1, 2))}
+                when.append("arguments: {" + ", ".join(f"{k}: {v}" for k, v in preds.items()) + "}")
+            lines.append(f"  - id: r{i}\n    when: {{{', '.join(when)}}}\n    then: {{decision: allow}}")
+        bundle = _bundle("\n".join(lines) + "\n")
+        for step in steps:
+            selected = [t.rule_id for t in bundle.explain(step) if t.selected]
+            assert [bundle.evaluate(step).rule_id] == (selected or ["default"]), (lines, step)

@@ -81,6 +81,13 @@ DECODABLE = [
     ({"n": float("nan")}, False),
     ({"n": Decimal("1e400")}, False),
     ({"n": Decimal("1.5")}, True),
+    # The flat fast path: scalars at the top need no walk, and its bounds are exact.
+    ({"a": "x", "b": True, "c": None, "d": 5, "e": 0.5, "f": -(10**300)}, True),
+    ({"n": 2**1023}, True),  # the edge of the fast path's integer bound: walked, still a float64
+    ({"n": 2**1024}, False),
+    ({"n": -(2**1024)}, False),
+    ({"a": "x", "n": float("-inf")}, False),
+    ({"a": "x", "n": [float("nan")]}, False),
     (None, False),
     ([{"command": "ls"}], False),
     ("ls", False),
@@ -138,3 +145,24 @@ def test_regex_rejects_constructs_re2_lacks(pattern: str, message: str) -> None:
 
 def test_regex_search_tolerates_lone_surrogate_in_value() -> None:
     assert compile_regex("a.b")("a\ud800b") is True
+
+
+AGREEMENT_PATTERNS = ["^ls", "ls", "^(ls|cat)( |$)", "", "x*", "^$", "(?i)é", "\\d+", "a.b", "^[0-9]{4,}$", "\\b"]
+AGREEMENT_TEXTS = ["ls -la", "", "cat", "aé", "É", "1000", "a\ud800b", "\u00e9\u00e9ls", "x\ny", "日本ls"]
+
+
+def test_the_direct_matcher_agrees_with_re2s_own_api() -> None:
+    """compile_regex/compile_fullmatch call RE2.Match on the UTF-8 bytes directly (the wrapper's
+    per-call generator is most of a decision's cost); they must answer what the public
+    ``search``/``fullmatch`` answer, lone surrogates (replaced) and empty matches included."""
+    import re2
+
+    from kernel.policy.yaml.regex import _OPTIONS, compile_fullmatch, to_valid_unicode
+
+    for pattern in AGREEMENT_PATTERNS:
+        search, full = compile_regex(pattern), compile_fullmatch(pattern)
+        reference = re2.compile(pattern, _OPTIONS)
+        for text in AGREEMENT_TEXTS:
+            valid = to_valid_unicode(text)
+            assert search(text) is (reference.search(valid) is not None), (pattern, text)
+            assert full(text) is (reference.fullmatch(valid) is not None), (pattern, text)

@@ -94,7 +94,7 @@ class YamlBundle:
         target = inp.target
         indexed = self._by_target.get(target)
         if indexed:
-            winner = _first_match(indexed, inp, _NO_LIMIT)
+            winner = _first_indexed(indexed, inp)
         for length, table in self._by_prefix:
             if length > len(target):
                 break
@@ -143,6 +143,23 @@ class YamlBundle:
         return f"YamlBundle(rules={len(self.rules)}, default_action={self.default_action.value!r}, revision={self.revision!r})"
 
 
+def _first_indexed(rules: Iterable[Rule], inp: PolicyInput) -> Rule | None:
+    """``_first_match`` over rules found by ``inp.target`` in the target index: their target
+    conditions hold, so only the rest of each head is checked."""
+    args_ok: bool | None = None
+    for rule in rules:
+        rest = rule.rest
+        if rest is not None and not rest(inp):
+            continue
+        if rule.predicates:
+            if args_ok is None:
+                args_ok = args_decodable(inp.args)
+            if not args_ok or not rule.args_test(inp.args):
+                continue
+        return rule
+    return None
+
+
 def _first_match(rules: Iterable[Rule], inp: PolicyInput, limit: int) -> Rule | None:
     args_ok: bool | None = None
     for rule in rules:
@@ -153,7 +170,7 @@ def _first_match(rules: Iterable[Rule], inp: PolicyInput, limit: int) -> Rule | 
         if rule.predicates:
             if args_ok is None:
                 args_ok = args_decodable(inp.args)
-            if not args_ok or not rule.args_match(inp.args):
+            if not args_ok or not rule.args_test(inp.args):
                 continue
         return rule
     return None

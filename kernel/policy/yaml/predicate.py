@@ -109,11 +109,25 @@ def format_float(f: float) -> str:
     return f"{sign}{digits[:point]}.{digits[point:]}"
 
 
+_SAFE_INT = 1 << 1023
+
+
 def args_decodable(args: Any) -> bool:
     """Whether Go would decode ``args`` into ``map[string]any`` at all: it must be an object, and
     every number must fit a finite float64 (``1e400`` or a huge integer fails the whole decode)."""
     if not isinstance(args, dict):
         return False
+    for value in args.values():  # flat args (the usual) need no walk; anything else is walked
+        kind = type(value)
+        if kind is str or kind is bool or value is None:
+            continue
+        if kind is int and -_SAFE_INT < value < _SAFE_INT:  # converts to a finite float64
+            continue
+        if kind is float and value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+            continue
+        break
+    else:
+        return True
     stack: list[Any] = [args]
     while stack:
         item = stack.pop()

@@ -50,6 +50,11 @@ class Rule:
     targets: tuple[Glob, ...] = ()
     predicates: tuple[Predicate, ...] = ()
     head: _Check = field(default=lambda _: True, repr=False)  # every condition but `arguments`
+    # `head` without the target conditions (None: nothing left), for a step found through the
+    # bundle's target index, whose target is known to match.
+    rest: _Check | None = field(default=None, repr=False)
+    # The `arguments` predicates as one test of a decodable args dict (see args_match).
+    args_test: Callable[[dict[str, Any]], bool] = field(default=lambda _: True, repr=False)
 
     @property
     def has_conditions(self) -> bool:
@@ -83,17 +88,7 @@ class Rule:
 
     def args_match(self, args: dict[str, Any]) -> bool:
         """The `arguments` predicates against args already known to be decodable (a dict)."""
-        for predicate in self.predicates:
-            if predicate.extended:  # Regent's typed constraints (exists/absent, type, gt…, not)
-                if predicate.failure_in(args) is not None:
-                    return False
-                continue
-            if predicate.key not in args:
-                return False
-            value = args[predicate.key]
-            if not predicate.accepts(value if type(value) is str else format_value(value)):
-                return False
-        return True
+        return self.args_test(args)
 
     def first_failure(self, inp: PolicyInput, args_ok: bool) -> tuple[str, str] | None:
         """``(condition, detail)`` for the first condition ``inp`` fails, or None if it matches.
@@ -147,7 +142,8 @@ def build_rule(
     targets: tuple[Glob, ...] = (),
     predicates: tuple[Predicate, ...] = (),
 ) -> Rule:
-    """Build a Rule with its ``head`` check composed once from the conditions that are set."""
+    """Build a Rule with its ``head``, ``rest`` and ``args_test`` checks composed once from the
+    conditions that are set."""
     checks: list[_Check] = []
     if step_kind:
         checks.append(_attr_equals("kind", step_kind))
@@ -156,6 +152,7 @@ def build_rule(
     if agent_ids:
         members = frozenset(agent_ids)
         checks.append(lambda inp: inp.agent_id in members)
+    rest = _all(checks) if checks else None
     if target is not None:
         match = target.match
         checks.append(lambda inp: match(inp.target))
@@ -173,7 +170,63 @@ def build_rule(
         targets=targets,
         predicates=predicates,
         head=_all(checks),
+        rest=rest,
+        args_test=_args_test(predicates),
     )
+
+
+def _args_test(predicates: tuple[Predicate, ...]) -> Callable[[dict[str, Any]], bool]:
+    tests = tuple(_predicate_test(p) for p in predicates)
+    if not tests:
+        return lambda _: True
+    if len(tests) == 1:
+        return tests[0]
+
+    def check(args: dict[str, Any]) -> bool:
+        for test in tests:  # noqa: SIM110 - a loop, not all() over a generator: this is per decision
+            if not test(args):
+                return False
+        return True
+
+    return check
+
+
+def _predicate_test(p: Predicate) -> Callable[[dict[str, Any]], bool]:
+    """One predicate as a closure over only the constraints it sets."""
+    if p.extended:  # Regent's typed constraints (exists/absent, type, gt…, not)
+        failure_in = p.failure_in
+        return lambda args: failure_in(args) is None
+    key = p.key
+    text_ok = _text_test(p)
+
+    def holds(args: dict[str, Any]) -> bool:
+        if key not in args:
+            return False
+        value = args[key]
+        return text_ok(value if type(value) is str else format_value(value))
+
+    return holds
+
+
+def _text_test(p: Predicate) -> Callable[[str], bool]:
+    """Rebuno's string constraints that are set, in ``Predicate.first_failure``'s order."""
+    tests: list[Callable[[str], bool]] = []
+    if p.equals:
+        tests.append(partial(operator.eq, p.equals))
+    if p.contains:
+        tests.append(_contains(p.contains))
+    if p.one_of:
+        tests.append(p.one_of_set.__contains__)
+    if p.search is not None:
+        tests.append(p.search)
+    if len(tests) == 1:
+        return tests[0]
+    frozen = tuple(tests)
+    return lambda text: all(test(text) for test in frozen)
+
+
+def _contains(needle: str) -> Callable[[str], bool]:
+    return lambda text: needle in text
 
 
 def _attr_equals(name: str, value: str) -> _Check:
