@@ -50,6 +50,7 @@ class BundleSource:
     max_delay: float = 120.0
     timeout: float = 10.0
     keys: tuple[VerificationKey, ...] = ()  # empty: signatures not required (and refused if present)
+    default_key_id: str | None = None  # the key a signature naming no key id is checked with
 
 
 @dataclass
@@ -184,15 +185,12 @@ class BundlePuller:
 
     def _activate(self, s: BundleSource, raw: bytes) -> str:
         from kernel.core.policies import store_policy
-        from kernel.policy.rego import parse_rego_tarball
 
-        files = read_bundle_files(raw)
-        verify_bundle_files(files, list(s.keys) or None)  # raises SignatureRefused
-        bundle = parse_rego_tarball(raw, origin=s.url)
-        mapping = {"modules": dict(bundle.modules), "data": bundle.data, "manifest": bundle.manifest}
-        content = json.dumps(mapping, sort_keys=True, ensure_ascii=False)
-        rev = store_policy(self.k, s.agent_id, "rego", content)  # the load gate; activates
-        return rev.revision if rev is not None else bundle.revision
+        kind, content = bundle_content(s, raw)
+        rev = store_policy(self.k, s.agent_id, kind, content)  # the load gate; activates
+        assert rev is not None  # bundle_content never yields the empty YAML text that clears
+        return rev.revision
+
 
     def _succeeded(self, st: SourceStatus, outcome: str) -> bool:
         with self._lock:
@@ -219,6 +217,49 @@ class BundlePuller:
         with self._lock:
             details = {a: st.to_json() for a, st in self.status.items()}
         return all(d["state"] == "active" for d in details.values()), details
+
+
+def bundle_content(s: BundleSource, raw: bytes) -> tuple[str, str]:
+    """(kind, stored content) of a downloaded bundle, its signature checked first.
+
+    A gzip body is a tarball in OPA's layout: a Rego bundle, or a YAML bundle when it holds no
+    `.rego` module and exactly one YAML file other than `data.yaml` (beside an optional
+    `.manifest` and `.signatures.json`), so a YAML bundle can be signed as a Rego one is. Any
+    other body is a plain YAML bundle file, which cannot carry a signature: with a verification
+    key configured it is refused `signature_missing`. An empty bundle is refused (stored, empty
+    YAML text would clear the agent's policy).
+    """
+    from kernel.policy.rego import parse_rego_tarball
+
+    keys = list(s.keys) or None
+    if raw[:2] != b"\x1f\x8b":
+        if keys:
+            raise SignatureRefused("signature_missing", "the body is a plain YAML bundle, which cannot carry a "
+                                   "signature, and a verification key is configured (serve it in a signed .tar.gz)")
+        return "yaml", _yaml_text(raw, s.url)
+    files = read_bundle_files(raw)
+    verify_bundle_files(files, keys, default_key_id=s.default_key_id)  # raises SignatureRefused
+    policy = [name for name in files if name not in (".manifest", ".signatures.json")]
+    if not any(name.endswith(".rego") for name in policy):
+        yamls = [n for n in policy if n.endswith((".yaml", ".yml")) and n.rsplit("/", 1)[-1] not in
+                 ("data.yaml", "data.yml")]
+        if len(yamls) == 1 and len(policy) == 1:
+            return "yaml", _yaml_text(files[yamls[0]], f"{s.url}: {yamls[0]}")
+        raise ValidationError(f"{s.url}: the tarball holds no .rego module and not exactly one YAML bundle file "
+                              f"(found: {', '.join(sorted(policy)) or 'nothing'})")
+    bundle = parse_rego_tarball(raw, origin=s.url)
+    mapping = {"modules": dict(bundle.modules), "data": bundle.data, "manifest": bundle.manifest}
+    return "rego", json.dumps(mapping, sort_keys=True, ensure_ascii=False)
+
+
+def _yaml_text(raw: bytes, where: str) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"{where}: a YAML bundle must be UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not text.strip():
+        raise ValidationError(f"{where}: the bundle is empty")
+    return text
 
 
 class BundlePullerCollector(Collector):
@@ -255,7 +296,6 @@ def bundle_sources(settings: Any, manifest: Any | None) -> list[BundleSource]:
     Fields the manifest leaves unset take the REGENT_BUNDLE_* settings."""
     from kernel.errors import ConfigError
     from kernel.manifest import ManifestBundle
-    from kernel.policy.signature import read_key
 
     wanted: dict[str, ManifestBundle] = {}
     for a in (manifest.agents if manifest is not None else ()):
@@ -265,6 +305,7 @@ def bundle_sources(settings: Any, manifest: Any | None) -> list[BundleSource]:
         if agent_id.strip():
             wanted.setdefault(agent_id.strip(), ManifestBundle())
     token = settings.bundle_server_token.get_secret_value() if settings.bundle_server_token else None
+    shared_keys = _shared_keys(settings)
     out = []
     for agent_id, b in wanted.items():
         url = b.url
@@ -281,15 +322,57 @@ def bundle_sources(settings: Any, manifest: Any | None) -> list[BundleSource]:
         if max_delay < min_delay:
             raise ConfigError(f"agent {agent_id!r}: bundle max delay {max_delay:g}s is below the min delay "
                               f"{min_delay:g}s")
-        key_text = b.verification_key or settings.bundle_verification_key
-        keys: tuple[VerificationKey, ...] = ()
-        if key_text:
-            try:
-                keys = (VerificationKey(
-                    read_key(key_text), b.algorithm or settings.bundle_verification_algorithm,
-                    b.key_id or settings.bundle_verification_key_id, b.scope or settings.bundle_verification_scope),)
-            except (ValidationError, OSError) as exc:
-                raise ConfigError(f"agent {agent_id!r}: bundle verification key: {exc}") from None
+        keys = _verification_keys(agent_id, b, settings, shared_keys)
         out.append(BundleSource(agent_id, url, token=token, min_delay=min_delay, max_delay=max_delay,
-                                timeout=settings.bundle_timeout, keys=keys))
+                                timeout=settings.bundle_timeout, keys=keys,
+                                default_key_id=b.key_id or settings.bundle_verification_key_id))
     return out
+
+
+def _shared_keys(settings: Any) -> list[tuple[str, str, str | None, str | None]]:
+    """REGENT_BUNDLE_VERIFICATION_KEYS: OPA's `keys` config as JSON, key id → {key, algorithm, scope}."""
+    from kernel.errors import ConfigError
+
+    text = settings.bundle_verification_keys
+    if not text:
+        return []
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"REGENT_BUNDLE_VERIFICATION_KEYS is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not doc:
+        raise ConfigError('REGENT_BUNDLE_VERIFICATION_KEYS must be a JSON object {"<key id>": {"key": …, '
+                          '"algorithm": …, "scope": …}}')
+    out = []
+    for key_id, entry in doc.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("key"), str) or not entry["key"] \
+                or set(entry) - {"key", "algorithm", "scope"} \
+                or any(not isinstance(entry.get(f), (str, type(None))) for f in ("algorithm", "scope")):
+            raise ConfigError(f"REGENT_BUNDLE_VERIFICATION_KEYS: key {key_id!r} must be "
+                              '{"key": "<PEM file or text, or HMAC secret>", "algorithm": …, "scope": …}')
+        out.append((key_id, entry["key"], entry.get("algorithm"), entry.get("scope")))
+    return out
+
+
+def _verification_keys(agent_id: str, b: Any, settings: Any,
+                       shared: list[tuple[str, str, str | None, str | None]]) -> tuple[VerificationKey, ...]:
+    """An agent's verification keys: the shared REGENT_BUNDLE_VERIFICATION_KEYS, the manifest's
+    `bundle.keys` (which win on the same key id), and the single `verification_key` under
+    `key_id`. The bundle's `scope` (or REGENT_BUNDLE_VERIFICATION_SCOPE) wins over a key's own."""
+    from kernel.errors import ConfigError
+    from kernel.policy.signature import read_key
+
+    entries: dict[str | None, tuple[str, str | None, str | None]] = {}
+    for key_id, key, algorithm, scope in [*shared, *b.keys]:
+        entries[key_id] = (key, algorithm, scope)
+    single = b.verification_key or settings.bundle_verification_key
+    if single:
+        entries[b.key_id or settings.bundle_verification_key_id] = (single, b.algorithm, None)
+    out = []
+    for key_id, (key, algorithm, scope) in entries.items():
+        try:
+            out.append(VerificationKey(read_key(key), algorithm or settings.bundle_verification_algorithm, key_id,
+                                       b.scope or settings.bundle_verification_scope or scope))
+        except (ValidationError, OSError) as exc:
+            raise ConfigError(f"agent {agent_id!r}: bundle verification key {key_id or ''}: {exc}") from None
+    return tuple(out)

@@ -197,6 +197,8 @@ class Settings(BaseSettings):
     bundle_verification_key_id: str | None = None
     bundle_verification_algorithm: str = "RS256"
     bundle_verification_scope: str | None = None
+    # Several keys by key id, in OPA's `keys` shape as JSON: {"<kid>": {"key": …, "algorithm": …, "scope": …}}
+    bundle_verification_keys: str | None = None
 
     @field_validator(*_DURATIONS, mode="before")
     @classmethod

@@ -27,7 +27,9 @@ _AGENT_KEYS = ("id", "webhook_url", "secret", "lease_timeout_seconds", "policy",
                "bundle", "shadow_policy", "shadow_policy_file")
 # `bundle:` pulls the agent's bundle from a bundle server (docs/policy-rollout.md).
 _BUNDLE_KEYS = ("url", "resource", "min_delay_seconds", "max_delay_seconds", "verification_key", "key_id",
-                "algorithm", "scope")
+                "algorithm", "scope", "keys")
+# `bundle.keys`: verification keys by key id, as OPA's `keys` config (the signature's `kid` picks one).
+_KEY_KEYS = ("key", "algorithm", "scope")
 _REQUIRED = ("id", "webhook_url", "secret")
 # `$VAR`, `${VAR}`, and (a Regent extension) `${VAR:-default}` for an unset or empty VAR.
 _VAR = re.compile(r"\$\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)")
@@ -49,6 +51,8 @@ class ManifestBundle:
     key_id: str | None = None
     algorithm: str | None = None
     scope: str | None = None
+    # Several verification keys by key id (OPA's `keys`): (key_id, key, algorithm, scope).
+    keys: tuple[tuple[str, str, str | None, str | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +229,9 @@ class _Parser:
         fields = self.mapping(node, f"agent {agent_id!r} bundle", allowed=_BUNDLE_KEYS)
         values: dict[str, object] = {}
         for key, value_node in fields.items():
+            if key == "keys":
+                values["keys"] = self.bundle_keys(value_node, agent_id)
+                continue
             value = self.scalar(value_node, key)
             if key.endswith("_seconds"):
                 if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
@@ -236,10 +243,37 @@ class _Parser:
         if "url" in values and "resource" in values:
             raise self.fail(node, f"agent {agent_id!r}: bundle `url` and `resource` are mutually exclusive")
         if "verification_key" in values:
-            vk = str(values["verification_key"])
-            if "\n" not in vk and not vk.startswith("-----") and (self.base / vk).is_file():
-                values["verification_key"] = str(self.base / vk)  # a key file beside the manifest
+            values["verification_key"] = self.key_file(str(values["verification_key"]))
         return ManifestBundle(**values)  # type: ignore[arg-type]
+
+    def key_file(self, key: str) -> str:
+        if "\n" not in key and not key.startswith("-----") and (self.base / key).is_file():
+            return str(self.base / key)  # a key file beside the manifest
+        return key
+
+    def bundle_keys(self, node: Node, agent_id: str) -> tuple[tuple[str, str, str | None, str | None], ...]:
+        what = f"agent {agent_id!r} bundle keys"
+        if not isinstance(node, MappingNode) or not node.value:
+            raise self.fail(node, f"{what} must be a mapping of key id to {{key, algorithm, scope}}")
+        out: list[tuple[str, str, str | None, str | None]] = []
+        for key_node, entry_node in node.value:
+            if not isinstance(key_node, ScalarNode) or not key_node.value:
+                raise self.fail(key_node, f"{what}: key ids must be plain strings")
+            key_id = key_node.value
+            if any(k[0] == key_id for k in out):
+                raise self.fail(key_node, f"{what}: duplicate key id {key_id!r}")
+            fields = self.mapping(entry_node, f"{what} {key_id!r}", allowed=_KEY_KEYS)
+            got: dict[str, str] = {}
+            for name, value_node in fields.items():
+                value = self.scalar(value_node, name)
+                if not isinstance(value, str) or not value:
+                    raise self.fail(value_node, f"{what} {key_id!r}: `{name}` must be a non-empty string")
+                got[name] = value
+            if "key" not in got:
+                raise self.fail(entry_node, f"{what} {key_id!r}: `key` is required (a PEM file or text, or an "
+                                "HMAC secret)")
+            out.append((key_id, self.key_file(got["key"]), got.get("algorithm"), got.get("scope")))
+        return tuple(out)
 
     def lease(self, node: Node | None, agent_id: str) -> int | None:
         if node is None:

@@ -327,9 +327,11 @@ def _token_of(text: bytes) -> str:
 
 
 def verify_bundle_files(files: dict[str, bytes], keys: list[VerificationKey] | VerificationKey | None, *,
-                        require: bool = True) -> dict[str, Any] | None:
+                        require: bool = True, default_key_id: str | None = None) -> dict[str, Any] | None:
     """Check the bundle's signature; returns its verified claims, or None for an unsigned bundle
-    when no key is configured. Raises SignatureRefused with the reason."""
+    when no key is configured. Raises SignatureRefused with the reason. With several keys, the
+    signature's key id picks one; ``default_key_id`` is used when it names none (OPA's
+    ``signing.keyid``)."""
     keyset = [keys] if isinstance(keys, VerificationKey) else list(keys or [])
     signatures = files.get(SIGNATURES_FILE)
     if signatures is None:
@@ -340,12 +342,12 @@ def verify_bundle_files(files: dict[str, bytes], keys: list[VerificationKey] | V
     if not keyset:
         raise SignatureRefused("signature_unexpected", "the bundle is signed but no verification key "
                                "is configured")
-    claims = verify_token(_token_of(signatures), keyset)
+    claims = verify_token(_token_of(signatures), keyset, default_key_id=default_key_id)
     _check_files(files, claims.get("files"))
     return claims
 
 
-def verify_token(token: str, keys: list[VerificationKey]) -> dict[str, Any]:
+def verify_token(token: str, keys: list[VerificationKey], *, default_key_id: str | None = None) -> dict[str, Any]:
     """The JWT alone: key id, signature, expiry and scope; returns its claims."""
     keyset = list(keys)
     jwt = _jwt()
@@ -355,7 +357,7 @@ def verify_token(token: str, keys: list[VerificationKey]) -> dict[str, Any]:
     except jwt.PyJWTError as exc:
         raise SignatureRefused("signature_malformed", f"the JWT cannot be read ({exc})") from None
     kid = header.get("kid") or unverified.get("keyid")
-    key = _pick(keyset, kid if isinstance(kid, str) else None)
+    key = _pick(keyset, kid if isinstance(kid, str) and kid else default_key_id)
     try:
         claims = jwt.decode(token, key.key, algorithms=[key.algorithm],
                             options={"require": [], "verify_aud": False})

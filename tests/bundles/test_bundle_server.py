@@ -88,7 +88,7 @@ def pulled(sqlite_store: SqlStore) -> Iterator[Kernel]:
 
 
 def bundle(tmp: Path, revision: str, *, sign: str | None = "RS256", n: int = 0, scope: str | None = "prod",
-           claims: dict[str, Any] | None = None, threshold: int = 1000) -> Path:
+           claims: dict[str, Any] | None = None, threshold: int = 1000, key_id: str | None = "release") -> Path:
     """The payments Rego bundle at `revision`, signed (or not)."""
     b = copy_bundle(tmp / revision)
     manifest = json.loads((b / ".manifest").read_text())
@@ -99,15 +99,16 @@ def bundle(tmp: Path, revision: str, *, sign: str | None = "RS256", n: int = 0, 
     (b / "data.json").write_text(json.dumps(data))
     if sign is not None:
         priv, _ = keys_for(sign, n)
-        text = sign_bundle_files(read_bundle_files(b), priv, algorithm=sign, key_id="release", scope=scope,
+        text = sign_bundle_files(read_bundle_files(b), priv, algorithm=sign, key_id=key_id, scope=scope,
                                  claims=claims)
         (b / SIGNATURES_FILE).write_text(text)
     return b
 
 
-def source(srv: BundleServer, *, keys: tuple[VerificationKey, ...] = ()) -> BundleSource:
-    return BundleSource(AGENT, f"{srv.url}/bundles/{AGENT}.tar.gz", token="pull-token", min_delay=0.05,
-                        max_delay=0.1, timeout=5, keys=keys)
+def source(srv: BundleServer, *, keys: tuple[VerificationKey, ...] = (), resource: str = f"{AGENT}.tar.gz",
+           default_key_id: str | None = None) -> BundleSource:
+    return BundleSource(AGENT, f"{srv.url}/bundles/{resource}", token="pull-token", min_delay=0.05,
+                        max_delay=0.1, timeout=5, keys=keys, default_key_id=default_key_id)
 
 
 def release_key() -> VerificationKey:
@@ -260,5 +261,96 @@ def test_a_signed_bundle_is_refused_when_no_key_is_configured(
         bundle_server.publish(bundle(tmp_path, "r1"))
         assert puller.poll(AGENT) is False
         assert puller.status[AGENT].last_error["reason"] == "signature_unexpected"  # type: ignore[index]
+    finally:
+        puller.close()
+
+
+def test_several_keys_are_picked_by_the_signatures_key_id(
+        pulled: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
+    """As OPA's `keys` config: the signature's `kid` names the key it is checked with (a key
+    rotation keeps the old and the new key configured), and a signature naming none is checked with
+    the bundle's default key id."""
+    keys = (VerificationKey(keys_for("RS256")[1], "RS256", "release-2026", "prod"),
+            VerificationKey(keys_for("ES256")[1], "ES256", "release-2027", "prod"))
+    puller = BundlePuller(pulled, [source(bundle_server, keys=keys, default_key_id="release-2026")])
+    try:
+        bundle_server.publish(bundle(tmp_path, "old-key", key_id="release-2026"))
+        assert puller.poll(AGENT) and active_policy(pulled, AGENT).revision == "old-key"
+        bundle_server.publish(bundle(tmp_path, "new-key", sign="ES256", key_id="release-2027"))
+        assert puller.poll(AGENT) and active_policy(pulled, AGENT).revision == "new-key"
+        bundle_server.publish(bundle(tmp_path, "no-kid", key_id=None))  # RS256: the default key
+        assert puller.poll(AGENT) and active_policy(pulled, AGENT).revision == "no-kid"
+        refusals = {
+            "unknown-kid": (bundle(tmp_path, "unknown-kid", key_id="release-2025"), "key_unknown"),
+            # The 2027 key id on a signature the 2027 key did not make (the RSA key made it).
+            "swapped": (bundle(tmp_path, "swapped", key_id="release-2027"), "signature_invalid"),
+            "no-kid-es": (bundle(tmp_path, "no-kid-es", sign="ES256", key_id=None), "signature_invalid"),
+        }
+        for bad, reason in refusals.values():
+            bundle_server.publish(bad)
+            assert puller.poll(AGENT) is False
+            assert puller.status[AGENT].last_error["reason"] == reason  # type: ignore[index]
+            assert active_policy(pulled, AGENT).revision == "no-kid"  # kept on every refusal
+    finally:
+        puller.close()
+
+
+PAYMENTS_YAML = (Path(__file__).resolve().parents[2] / "bundles" / "payments.yaml").read_text()
+
+
+def _publish_raw(srv: BundleServer, name: str, body: bytes) -> None:
+    tmp = srv.root / "bundles" / f".{name}.tmp"
+    tmp.write_bytes(body)
+    os.replace(tmp, srv.root / "bundles" / name)
+
+
+def test_a_plain_yaml_bundle_file_is_pulled_and_activated_as_yaml(
+        pulled: Kernel, bundle_server: BundleServer) -> None:
+    puller = BundlePuller(pulled, [source(bundle_server, resource="payments.yaml")])
+    try:
+        _publish_raw(bundle_server, "payments.yaml", PAYMENTS_YAML.encode())
+        assert puller.poll(AGENT)
+        active = active_policy(pulled, AGENT)
+        assert active.kind == "yaml" and active.content == PAYMENTS_YAML
+        assert puller.poll(AGENT) and bundle_server.requests()[-1]["status"] == 304
+        # A YAML bundle that does not compile, and an empty body, keep the active revision.
+        for body in (b"default_action: deny\nrules:\n  - id: x\n    then: {decision: maybe}\n", b"", b"\n  \n"):
+            _publish_raw(bundle_server, "payments.yaml", body)
+            assert puller.poll(AGENT) is False
+            assert puller.status[AGENT].last_error["reason"] == "load_gate"  # type: ignore[index]
+            assert active_policy(pulled, AGENT).revision == active.revision
+    finally:
+        puller.close()
+
+
+def test_a_plain_yaml_bundle_is_refused_when_signatures_are_required(
+        pulled: Kernel, bundle_server: BundleServer) -> None:
+    puller = BundlePuller(pulled, [source(bundle_server, keys=(release_key(),), resource="payments.yaml")])
+    try:
+        _publish_raw(bundle_server, "payments.yaml", PAYMENTS_YAML.encode())
+        assert puller.poll(AGENT) is False
+        assert puller.status[AGENT].last_error["reason"] == "signature_missing"  # type: ignore[index]
+    finally:
+        puller.close()
+
+
+def test_a_signed_tarball_holding_a_yaml_bundle_is_verified_and_activated_as_yaml(
+        pulled: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
+    puller = BundlePuller(pulled, [source(bundle_server, keys=(release_key(),))])
+    b = tmp_path / "yaml-bundle"
+    b.mkdir()
+    (b / "payments.yaml").write_text(PAYMENTS_YAML)
+    priv, _ = keys_for("RS256")
+    (b / SIGNATURES_FILE).write_text(sign_bundle_files(read_bundle_files(b), priv, key_id="release", scope="prod"))
+    try:
+        bundle_server.publish(b)
+        assert puller.poll(AGENT)
+        active = active_policy(pulled, AGENT)
+        assert active.kind == "yaml" and active.content == PAYMENTS_YAML
+        (b / "payments.yaml").write_text(PAYMENTS_YAML.replace("max_calls: 30", "max_calls: 3000"))
+        bundle_server.publish(b)  # changed after signing
+        assert puller.poll(AGENT) is False
+        assert puller.status[AGENT].last_error["reason"] == "digest_mismatch"  # type: ignore[index]
+        assert active_policy(pulled, AGENT).revision == active.revision
     finally:
         puller.close()

@@ -94,3 +94,44 @@ def test_the_served_runtime_pulls_and_activates_a_signed_bundle(tmp_path: Path) 
             rt.close()
     finally:
         srv.stop()
+
+
+def test_keys_by_key_id_from_the_manifest_and_the_settings(tmp_path: Path) -> None:
+    """OPA's `keys` config: several keys by key id, shared (REGENT_BUNDLE_VERIFICATION_KEYS) and per
+    agent (`bundle.keys`, which wins on the same id); the bundle's scope wins over a key's own."""
+    (tmp_path / "r26.pub.pem").write_text(keys_for("RS256")[1])
+    text = MANIFEST.replace(
+        "      verification_key: release.pub.pem\n      key_id: release\n",
+        "      key_id: release-2026\n      keys:\n        release-2026: {key: r26.pub.pem}\n"
+        "        release-2027: {key: r27.pub.pem, algorithm: ES256, scope: ignored}\n")
+    (tmp_path / "r27.pub.pem").write_text(keys_for("ES256")[1])
+    m = load_manifest(_manifest(tmp_path, text), env={})
+    shared = '{"ci-hmac": {"key": "a-shared-secret-of-32-bytes-or-more!!", "algorithm": "HS256"}, ' \
+             '"release-2027": {"key": "overridden by the manifest"}}'
+    s = Settings(bundle_server_url="http://127.0.0.1:7000", bundle_verification_keys=shared)
+    (src,) = [x for x in bundle_sources(s, m) if x.agent_id == "payments"]
+    keys = {k.key_id: k for k in src.keys}
+    assert set(keys) == {"ci-hmac", "release-2026", "release-2027"}
+    assert keys["release-2026"].algorithm == "RS256" and keys["release-2026"].key.startswith("-----BEGIN")
+    assert keys["release-2027"].algorithm == "ES256" and keys["release-2027"].key == keys_for("ES256")[1]
+    assert keys["ci-hmac"].algorithm == "HS256"
+    assert {k.scope for k in src.keys} == {"prod"}
+    assert src.default_key_id == "release-2026"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("not json", "not JSON"), ("[]", "JSON object"), ('{"k": {"algorithm": "RS256"}}', "must be"),
+     ('{"k": {"key": "x", "kid": "y"}}', "must be")],
+    ids=["not-json", "not-object", "no-key", "unknown-field"],
+)
+def test_bad_shared_keys_are_refused_at_start(value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        bundle_sources(Settings(bundle_server_url="http://x", bundle_agents="a", bundle_verification_keys=value),
+                       None)
+
+
+def test_a_manifest_key_without_its_key_is_refused_with_the_line(tmp_path: Path) -> None:
+    text = MANIFEST.replace("      key_id: release\n", "      keys:\n        release: {algorithm: RS256}\n")
+    with pytest.raises(ConfigError, match=r"regent.yaml:\d+: .*`key` is required"):
+        load_manifest(_manifest(tmp_path, text), env={})
