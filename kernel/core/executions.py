@@ -21,9 +21,11 @@ from kernel.domain import (
     Execution,
     ExecutionStatus,
 )
-from kernel.errors import ExecutionTerminal, NotFound, Overloaded
+from kernel.errors import Conflict, ExecutionTerminal, NotFound, Overloaded
 from kernel.identity import new_uuid7
 from kernel.store import Tx
+
+_MAX_ANCESTORS = 100  # how far up the tree a new child's session is checked against its ancestors'
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,16 @@ def _check_parent(tx: Tx, lin: Lineage) -> None:
         s = tx.get_step(lin.spawned_step_id)
         if s is None or s.execution_id != parent.id:
             raise NotFound("spawning step not found in the parent execution")
+    # A live ancestor holds its session until it ends, and it waits for this child: a child queued
+    # in that session would wait for it in turn, for ever (docs/api.md, "Sessions and sub-agents").
+    ancestor: Execution | None = parent
+    for _ in range(_MAX_ANCESTORS):
+        if ancestor is None or ancestor.status.is_terminal:
+            break
+        if lin.session is not None and ancestor.session == lin.session:
+            raise Conflict(f"conflict: session {lin.session!r} is held by an ancestor execution ({ancestor.id}), "
+                           "which waits for this child; give the child another session")
+        ancestor = tx.get_execution(ancestor.parent_execution_id) if ancestor.parent_execution_id else None
 
 
 def get_execution(k: Kernel, execution_id: str, agent_id: str | None = None) -> Execution:

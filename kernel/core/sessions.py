@@ -96,7 +96,9 @@ def previous_state(k: Kernel, execution_id: str, agent_id: str | None) -> dict[s
 
 def suspend(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int) -> bool:
     """The parent waits for its children without a lease: True if it suspended, False when no
-    child is still live (their outcomes are already recorded; the handler reads them and goes on)."""
+    child is still live. Before answering False it records the ended children's outcomes on their
+    spawning steps itself: the handler reads those steps next, and the `settle` that follows a
+    child's end may not have run yet (it runs after the child's own commit, or in the sweep)."""
 
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
@@ -106,6 +108,9 @@ def suspend(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attem
         require_live_lease(tx, execution_id, dispatch_id, attempt, now)
         live = tx.live_children(execution_id)
         if live == 0:
+            recorded = [x for c in tx.children(execution_id) if c.spawned_step_id for x in _record_child(tx, c, now)]
+            if recorded:
+                tx.append(execution_id, now, recorded)
             return False
         tx.retire_dispatches(execution_id, now)
         tx.append(execution_id, now,

@@ -141,3 +141,39 @@ def test_the_repair_sweep_cancels_the_live_children_of_a_cancelled_parent(runnin
     assert _status(k, child) == "running"
     assert sessions.repair(k) == 1
     assert _status(k, child) == "cancelled"
+
+
+def test_suspend_answers_false_only_once_the_ended_childrens_outcomes_are_on_their_steps(
+    running: Running,
+) -> None:
+    k = running.kernel
+    parent = executions.create_execution(k, "shell", None)[0].id
+    pc = _claim(k, parent)
+    sid = _spawn_step(k, parent, pc, "spawn-0")
+    kid = executions.create_execution(k, "shell", 0, lineage=Lineage(parent_execution_id=parent,
+                                                                       spawned_step_id=sid))[0].id
+    kc = _claim(k, kid)
+    with k.store.transaction(lock=kid) as tx:  # the child's end, before its follow-up settled the parent
+        tx.retire_dispatches(kid, k.clock.now())
+        tx.append(kid, k.clock.now(), [], status=ExecutionStatus.COMPLETED, output="child-0")
+    assert kc.attempt == 1 and steps.get_step(k, parent, sid, None).status == "executing"
+    # No live child: the parent goes on, and the step it reads next already holds the child's output.
+    assert sessions.suspend(k, "shell", parent, pc.dispatch_id, pc.attempt) is False
+    s = steps.get_step(k, parent, sid, None)
+    assert (s.status, s.result) == ("succeeded", "child-0")
+    assert sessions.settle(k, parent) is False  # the late follow-up records nothing twice
+    with k.store.read() as tx:
+        assert [e.type for e in tx.list_events(parent, 0, 100)].count("step.succeeded") == 1
+
+
+def test_a_child_may_not_queue_in_a_session_its_live_ancestor_holds(running: Running) -> None:
+    from kernel.errors import Conflict
+
+    k = running.kernel
+    parent = executions.create_execution(k, "shell", None, lineage=Lineage(session="chat"))[0].id
+    child = executions.create_execution(k, "shell", None, lineage=Lineage(parent_execution_id=parent))[0].id
+    for direct in (parent, child):  # the parent's own session, from its child or its grandchild
+        with pytest.raises(Conflict):
+            executions.create_execution(k, "shell", None, lineage=Lineage(session="chat", parent_execution_id=direct))
+    other = executions.create_execution(k, "shell", None, lineage=Lineage(session="other", parent_execution_id=child))
+    assert other[0].status == "running"
