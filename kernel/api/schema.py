@@ -29,7 +29,18 @@ EXECUTION = _object(
     id=ID, agent_id=TEXT, input=ANY, output=ANY, failure_reason=TEXT, deadline_at=TIME,
     idempotency_key=TEXT, created_at=TIME, updated_at=TIME, restoration={"type": "object"},
     status={"type": "string", "enum": ["pending", "running", "blocked", "completed", "failed", "cancelled"]},
+    # sessions, the sub-agent tree and forks (docs/api.md, "Sessions and sub-agents", "Forks")
+    session=TEXT, previous_execution_id=ID, parent_execution_id=ID,
+    spawned_by=_object(("execution_id", "step_id"), execution_id=ID, step_id=TEXT),
+    children={"type": "array", "items": ID}, suspended={"type": "boolean"}, forked_from=ID,
+    fork_seq={"type": "integer"},
 )
+PREVIOUS = _object(("state",), state=ANY, execution_id=ID)
+SUSPENDED = _object(("suspended",), suspended={"type": "boolean"})
+FORK_POINT = _object(("event_seq", "steps", "covered"), event_seq={"type": "integer"}, steps={"type": "integer"},
+                     covered={"type": "boolean"}, resources={"type": "object",
+                                                              "additionalProperties": {"type": "boolean"}},
+                     type=TEXT, step_id=TEXT, target=TEXT, occurred_at=TIME)
 STEP = _object(
     ("step_id", "execution_id", "kind", "target", "args_hash", "occurrence", "status", "idempotency"),
     step_id=TEXT, execution_id=ID, kind=TEXT, target=TEXT, args_hash=TEXT,

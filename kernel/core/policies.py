@@ -48,7 +48,10 @@ def rego_content(mapping_or_bundle: Any) -> str:
 
     from kernel.policy.rego import parse_rego_bundle
 
-    b = mapping_or_bundle if hasattr(mapping_or_bundle, "modules") else parse_rego_bundle(mapping_or_bundle)
+    try:
+        b = mapping_or_bundle if hasattr(mapping_or_bundle, "modules") else parse_rego_bundle(mapping_or_bundle)
+    except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800") in a module or in data: not UTF-8
+        raise ValidationError("validation error: bundle must be valid Unicode (a lone surrogate is not)") from None
     return json.dumps({"modules": dict(b.modules), "data": b.data, "manifest": b.manifest},
                       sort_keys=True, ensure_ascii=False)
 

@@ -177,3 +177,64 @@ def test_duplicate_body_keys_on_submit_are_400_but_args_keep_the_identity_rule(
     assert dup.status_code == one.status_code == 200
     step = httpx.get(f"{server.url}/v0/executions/{eid}/steps/{dup.json()['step_id']}").json()
     assert step["args"] == {"x": 2}
+
+
+@pytest.mark.parametrize("path", ["/v0/executions?status=bogus", "/v0/approvals?status=bogus"],
+                         ids=["executions", "approvals"])
+def test_an_unknown_status_filter_is_400(server: ServerThread, path: str) -> None:
+    r = httpx.get(f"{server.url}{path}")
+    assert _is_400(r) and "status must be one of" in r.json()["message"], r.text
+
+
+# -- sessions, forks and resources (issue 19's routes) -------------------------------------------
+@pytest.mark.parametrize(("field", "value"), [
+    ("every_steps", 2**31), ("every_steps", 2**70), ("every_steps", -1), ("key", ""), ("key", "k" * 201)],
+    ids=["every-steps-int32", "every-steps-2^70", "every-steps-negative", "key-empty", "key-201"])
+def test_out_of_range_resource_registration_is_400_and_registers_nothing(
+        server: ServerThread, running: Running, agent_client: AgentClient, field: str, value: Any) -> None:
+    eid, did, att = running.start()
+    body = {"key": "sandbox", "driver_id": "d", "every_steps": 1, field: value}
+    r = agent_client.lease(did, att).request("POST", f"/v0/executions/{eid}/resources", body)
+    assert _is_400(r), r.text
+    assert httpx.get(f"{server.url}/v0/executions/{eid}/resources").json() == []
+
+
+REGO_ALLOW = "package regent\ndefault decision := {\"action\": \"allow\"}\n"
+
+
+REGO_SURROGATES = {"data": {"modules": {"p.rego": REGO_ALLOW}, "data": {"x": LONE}},
+                   "module": {"modules": {"p.rego": REGO_ALLOW + f"# {LONE}\n"}}}
+
+
+@pytest.mark.parametrize("bundle", [
+    "rules: []\n# \x00", f"rules: []\n# {LONE}",
+    {"kind": "yaml", "bundle": f"rules: []\n# {LONE}"},
+    {"kind": "rego", "bundle": REGO_SURROGATES["data"]},
+    {"kind": "rego", "bundle": REGO_SURROGATES["module"]}],
+    ids=["yaml-nul", "yaml-surrogate", "yaml-object-surrogate", "rego-data-surrogate", "rego-module-surrogate"])
+def test_a_fork_bundle_holding_nul_or_a_lone_surrogate_is_400_and_forks_nothing(
+        server: ServerThread, running: Running, bundle: Any) -> None:
+    # (A NUL in Rego data is no problem: the stored JSON text escapes it, losslessly.)
+    eid, _, _ = running.start()
+    r = _post(server, f"/v0/executions/{eid}/fork", {"at_seq": 1, "policy_bundle": bundle})
+    assert _is_400(r) and "bundle" in r.json()["message"], r.text
+    assert len(httpx.get(f"{server.url}/v0/executions").json()["executions"]) == 1
+
+
+@pytest.mark.parametrize("where", ["data", "module"])
+def test_a_rego_bundle_holding_a_lone_surrogate_is_400_when_stored_or_tested(
+        server: ServerThread, running: Running, where: str) -> None:
+    bundle = {"kind": "rego", "bundle": REGO_SURROGATES[where]}
+    for path in (f"/v0/policies/{running.agent_id}", f"/v0/policies/{running.agent_id}/test"):
+        r = _post(server, path, bundle)
+        assert _is_400(r) and "Unicode" in r.json()["message"], (path, r.text)
+
+
+@pytest.mark.parametrize("session", ["s\x00", LONE, "s" * 201], ids=["nul", "surrogate", "201-chars"])
+def test_a_bad_session_is_400_wherever_it_is_read(server: ServerThread, running: Running, session: str) -> None:
+    eid, _, _ = running.start()
+    for path, body in (("/v0/executions", {"agent_id": running.agent_id, "session": session}),
+                       (f"/v0/executions/{eid}/fork", {"at_seq": 1, "session": session}),
+                       (f"/v0/policies/{running.agent_id}/test", {"executions": {"session": session}})):
+        r = _post(server, path, body)
+        assert _is_400(r) and "session" in r.json()["message"], (path, r.text)

@@ -18,15 +18,17 @@ BODIES = {
                                                           "every_steps", "on_completion"},
     ("post", "/v0/executions/{execution_id}/resources/{key}/binding"): {"binding"},
     ("post", "/v0/executions/{execution_id}/resources/checkpoints"): {"captures", "capture_failures"},
-    ("post", "/v0/executions/{execution_id}/complete"): {"output"},
+    ("post", "/v0/executions/{execution_id}/complete"): {"output", "state"},
+    ("post", "/v0/executions/{execution_id}/fork"): {"at_seq", "session", "policy_bundle"},
     ("post", "/v0/executions/{execution_id}/fail"): {"error"},
     ("put", "/v0/agents/{agent_id}/metadata"): {"description", "input_schema", "output_schema"},
     ("post", "/v0/executions/{execution_id}/steps/{step_id}/stream"): {"seq", "data"},
-    ("post", "/v0/executions"): {"agent_id", "input", "idempotency_key"},
+    ("post", "/v0/executions"): {"agent_id", "input", "idempotency_key", "session", "parent_execution_id",
+                                 "spawned_by"},
     ("post", "/v0/approvals/{approval_id}/grant"): {"decided_by", "rationale"},
     ("post", "/v0/agents"): {"id", "webhook_url", "secret", "lease_timeout_seconds"},
     ("post", "/v0/policies/{agent_id}"): {"bundle", "kind"},
-    ("post", "/v0/policies/{agent_id}/test"): {"bundle", "kind", "cases", "execution_id"},
+    ("post", "/v0/policies/{agent_id}/test"): {"bundle", "kind", "cases", "execution_id", "executions"},
 }
 
 
@@ -61,7 +63,7 @@ def test_every_operation_documents_the_error_envelope_and_never_422(doc: dict[st
 
 def test_list_routes_document_their_query_parameters(doc: dict[str, Any]) -> None:
     names = {p["name"] for p in doc["paths"]["/v0/executions"]["get"]["parameters"]}
-    assert {"agent_id", "status", "cursor", "limit"} <= names
+    assert {"agent_id", "status", "session", "parent", "cursor", "limit"} <= names
     events = {p["name"] for p in doc["paths"]["/v0/executions/{execution_id}/events"]["get"]["parameters"]}
     assert {"after_seq", "limit"} <= events
 
@@ -72,3 +74,16 @@ def test_success_answers_are_described(doc: dict[str, Any]) -> None:
     assert "status" in create["201"]["content"]["application/json"]["schema"]["properties"]
     heartbeat = doc["paths"]["/v0/executions/{execution_id}/heartbeat"]["post"]["responses"]
     assert "204" in heartbeat and "200" not in heartbeat
+
+
+def test_the_session_sub_agent_and_fork_answers_are_described(doc: dict[str, Any]) -> None:
+    def answer(method: str, path: str) -> dict[str, Any]:
+        return dict(doc["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"])
+
+    execution = answer("get", "/v0/executions/{execution_id}")["properties"]
+    assert {"session", "previous_execution_id", "parent_execution_id", "spawned_by", "children", "suspended",
+            "forked_from", "fork_seq", "restoration"} <= set(execution)
+    assert answer("post", "/v0/executions/{execution_id}/suspend")["required"] == ["suspended"]
+    assert answer("get", "/v0/executions/{execution_id}/previous")["required"] == ["state"]
+    point = answer("get", "/v0/executions/{execution_id}/fork-points")["items"]
+    assert {"event_seq", "steps", "covered", "resources"} <= set(point["properties"])

@@ -109,6 +109,9 @@ class FailStepBody(CapturesBody):
     error: Any = None
 
 
+MAX_EVERY_STEPS = 1_000_000  # a count the store keeps in an INTEGER column (docs/api.md, "Bounds")
+
+
 class ResourceBody(Strict):
     key: Name
     driver_id: Name
@@ -218,7 +221,7 @@ async def complete_execution(execution_id: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/v0/executions/{execution_id}/suspend")
+@router.post("/v0/executions/{execution_id}/suspend", openapi_extra=schema.operation(answer=schema.SUSPENDED))
 async def suspend(execution_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request, "repeatable")
     eid = uuid_param(execution_id, "execution id")
@@ -262,8 +265,10 @@ async def register_resource(execution_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request, "repeatable")
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(ResourceBody, a.body)
-    if body.every_steps < 0:
-        raise ValidationError("validation error: every_steps must be 0 or more")
+    if not 0 < len(body.key) <= 200:
+        raise ValidationError("validation error: key must be 1-200 characters")
+    if not 0 <= body.every_steps <= MAX_EVERY_STEPS:
+        raise ValidationError(f"validation error: every_steps must be 0-{MAX_EVERY_STEPS}")
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
     reg = resources.Registration(body.key, body.driver_id, body.configuration, body.coverage_reuse,
                                  body.every_steps, body.on_completion)
@@ -313,7 +318,7 @@ async def get_execution(execution_id: str, request: Request) -> Response:
     return JSONResponse(execution_json(e, children))
 
 
-@router.get("/v0/executions/{execution_id}/previous")
+@router.get("/v0/executions/{execution_id}/previous", openapi_extra=schema.operation(answer=schema.PREVIOUS))
 async def previous(execution_id: str, request: Request) -> Response:
     agent_id = await _reader(request)
     eid = uuid_param(execution_id, "execution id")

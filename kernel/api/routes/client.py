@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Name, Strict, parse_model, read_body
+from kernel.api.body import Name, Strict, check_text, parse_model, read_body
 from kernel.api.deps import agent_param, auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse, approval_json, event_json, execution_json
 from kernel.core import approvals, executions, forks
@@ -98,7 +98,8 @@ async def create_execution(request: Request) -> Response:
 
 
 @router.get("/v0/executions", openapi_extra=schema.operation(answer=schema.EXECUTION_PAGE, query={
-    "agent_id": schema.TEXT, "status": schema.TEXT, "cursor": schema.ID,
+    "agent_id": schema.TEXT, "status": {"type": "string", "enum": sorted(_EXECUTION_STATUSES)},
+    "session": schema.TEXT, "parent": schema.ID, "cursor": schema.ID,
     "limit": {"type": "integer", "minimum": 1, "maximum": 200}}))
 async def list_executions(request: Request) -> Response:
     await call(auth_of(request).principal, request, "executions:read")
@@ -160,17 +161,19 @@ class ForkBody(Strict):
 
 
 def _fork_bundle(value: str | dict[str, Any] | None) -> forks.ForkBundle | None:
+    # The bundle's text is stored (a TEXT column), so NUL and lone surrogates are a 400 here, as
+    # for POST /v0/policies/{agent_id} (docs/api.md, "Text").
     if value is None or value == "":
         return None
     if isinstance(value, str):
-        return forks.ForkBundle("yaml", value)
+        return forks.ForkBundle("yaml", check_text(value, "policy_bundle"))
     kind, bundle = value.get("kind", "yaml"), value.get("bundle")
     if kind == "rego" and isinstance(bundle, dict):
         from kernel.core.policies import rego_content
 
-        return forks.ForkBundle("rego", rego_content(bundle))
+        return forks.ForkBundle("rego", check_text(rego_content(bundle), "policy_bundle"))
     if kind == "yaml" and isinstance(bundle, str):
-        return forks.ForkBundle("yaml", bundle)
+        return forks.ForkBundle("yaml", check_text(bundle, "policy_bundle"))
     raise ValidationError('validation error: policy_bundle is YAML text or {"kind", "bundle"}')
 
 
@@ -188,7 +191,8 @@ async def fork_execution(execution_id: str, request: Request) -> Response:
     return JSONResponse(execution_json(e, []), status_code=201)
 
 
-@router.get("/v0/executions/{execution_id}/fork-points")
+@router.get("/v0/executions/{execution_id}/fork-points",
+            openapi_extra=schema.operation(answer=schema.array(schema.FORK_POINT)))
 async def fork_points(execution_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "executions:read")
     eid = uuid_param(execution_id, "execution id")

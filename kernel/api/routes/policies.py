@@ -13,7 +13,7 @@ from kernel.api import schema
 from kernel.api.body import Strict, check_text, parse_model
 from kernel.api.deps import agent_param, auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse
-from kernel.api.routes.client import _body
+from kernel.api.routes.client import _body, check_session
 from kernel.clock import rfc3339
 from kernel.core import policies, policy_test
 from kernel.core.approvals import Principal
@@ -158,7 +158,7 @@ async def test_policy(agent_id: str, request: Request) -> Response:
         if not 1 <= scope.limit <= policy_test.BACKTEST_MAX:
             raise ValidationError(f"validation error: executions.limit must be 1-{policy_test.BACKTEST_MAX}")
         since = _since(scope.since)
-        rep, n = await call(policy_test.backtest, k, agent_id, candidate, session=scope.session or None,
+        rep, n = await call(policy_test.backtest, k, agent_id, candidate, session=check_session(scope.session),
                             since=since, limit=scope.limit)
         return JSONResponse({"results": [result_json(r) for r in rep.results], "failed": rep.failed,
                              "steps": len(rep.results), "executions": n, "truncated": rep.truncated})
