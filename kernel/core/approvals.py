@@ -104,8 +104,8 @@ def decide_approval(
         e = tx.get_execution(a.execution_id)
         if e is None or e.status.is_terminal:
             raise Conflict("conflict: execution is terminal")
-        if principal.key_id is not None and e.created_by == principal.key_id:
-            raise Forbidden("forbidden: the key that created an execution may not approve its steps")
+        if principal.key_id is not None:
+            _refuse_self_approval(tx, e.created_by, principal)
         s = tx.get_step(a.step_id)
         kind, target = (s.kind, s.target) if s else ("", None)
         status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
@@ -131,6 +131,20 @@ def decide_approval(
         record = _record(k, a, outcome, now, e.agent_id, kind, target, who, credential, rationale or None)
         _resume(k, tx, a.execution_id, now, out, record)
         return a  # as it was asked (its context), for the caller's metrics
+
+
+def _refuse_self_approval(tx: Tx, created_by: str | None, principal: Principal) -> None:
+    """The key that created an execution may not decide its approvals, nor may another key of
+    the same name: the name is the decider the record keeps, so a second key minted under it
+    would otherwise approve its holder's own steps."""
+    if created_by is None or created_by in (Credential.BOOTSTRAP.value, Credential.DEV.value):
+        return
+    if created_by == principal.key_id:
+        raise Forbidden("forbidden: the key that created an execution may not approve its steps")
+    creator = tx.get_api_key(created_by)
+    if creator is not None and creator.name == principal.name:
+        raise Forbidden(f'forbidden: "{principal.name}" created this execution (with another key of that name) '
+                        "and may not approve its steps")
 
 
 def _record(

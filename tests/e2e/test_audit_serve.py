@@ -283,6 +283,43 @@ def test_the_key_that_created_an_execution_cannot_approve_its_steps(served: Serv
         assert c.post(f"/v0/approvals/{aid}/grant", json={}).status_code == 204
 
 
+def test_another_key_with_the_creators_name_cannot_approve_its_steps_either(served: Served) -> None:
+    # The decider the record keeps is the key's name: a second key minted under the creator's
+    # name would otherwise approve its holder's own steps, recorded as that name.
+    creator = _route_key(served, "cfo", "executions:write")
+    _, aid = served.blocked_payment(token=creator["token"])
+    twin = _route_key(served, "cfo", "approvals:write")
+    with served.http(twin["token"]) as c:
+        r = c.post(f"/v0/approvals/{aid}/grant", json={})
+        assert r.status_code == 403 and '"cfo" created this execution' in r.json()["message"], r.text
+        assert c.post(f"/v0/approvals/{aid}/deny", json={}).status_code == 403
+    with served.http() as c:
+        assert c.get(f"/v0/approvals/{aid}").json()["status"] == "pending"
+    other = _route_key(served, "treasury-oncall", "approvals:write")
+    with served.http(other["token"]) as c:
+        assert c.post(f"/v0/approvals/{aid}/grant", json={}).status_code == 204
+
+
+def test_an_auditor_key_fetches_the_bundle_behind_a_decision(served: Served) -> None:
+    with served.http() as c:  # the policy of the module (a Rego test may have replaced it)
+        assert c.post("/v0/policies/payer", json={"bundle": POLICY}).status_code == 204
+    eid, _, _ = served.start()
+    assert served.agent.submit(eid, "shell.rm", {"path": "/"}).json()["decision"] == "denied"
+    auditor = _route_key(served, "auditor", "decisions:read")
+    with served.http(auditor["token"]) as c:
+        [d] = c.get("/v0/decisions", params={"execution_id": eid}).json()["decisions"]
+        listed = c.get("/v0/policies/payer/revisions")
+        assert listed.status_code == 200 and d["policy_hash"] in [r["policy_hash"] for r in listed.json()]
+        got = c.get(f"/v0/policies/payer/revisions/{d['policy_hash']}")
+        assert got.status_code == 200 and got.json()["bundle"] == POLICY
+        # reading is all it may do with policies
+        assert c.get("/v0/policies/payer").status_code == 403
+        assert c.post("/v0/policies/payer", json={"bundle": POLICY}).status_code == 403
+    nobody = _route_key(served, "runner", "executions:read")
+    with served.http(nobody["token"]) as c:
+        assert c.get(f"/v0/policies/payer/revisions/{d['policy_hash']}").status_code == 403
+
+
 def test_an_approval_record_carries_the_steps_target_and_arguments(served: Served) -> None:
     eid, aid = served.blocked_payment(args={"amount": 1500.50, "to": "acme", "memo": "Q4"})
     with served.http() as c:

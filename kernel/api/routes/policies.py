@@ -19,7 +19,7 @@ from kernel.core import policies, policy_test
 from kernel.core.approvals import Principal
 from kernel.core.policies import Actor, PolicyRevision
 from kernel.core.policy_test import Candidate
-from kernel.errors import ValidationError
+from kernel.errors import Forbidden, ValidationError
 from kernel.policy.replay import result_json
 
 router = APIRouter()
@@ -93,9 +93,18 @@ async def get_policy(agent_id: str, request: Request) -> Response:
     return JSONResponse(_json(r))
 
 
+async def _revision_reader(request: Request) -> Principal:
+    """Stored revisions are read by who writes policy and by an auditor (`decisions:read`), who
+    fetches the bundle behind a recorded `policy_hash` (docs/audit.md)."""
+    principal = await call(auth_of(request).principal, request)
+    if not (principal.has("policies:write") or principal.has("decisions:read")):
+        raise Forbidden("forbidden: missing scope policies:write or decisions:read")
+    return principal
+
+
 @router.get("/v0/policies/{agent_id}/revisions", openapi_extra=schema.operation(answer=schema.array(schema.POLICY)))
 async def list_revisions(agent_id: str, request: Request) -> Response:
-    await call(auth_of(request).principal, request, "policies:write")
+    await _revision_reader(request)
     rows = await call(policies.list_revisions, kernel_of(request), agent_param(agent_id))
     return JSONResponse([_json(r, with_content=False) for r in rows])
 
@@ -103,7 +112,7 @@ async def list_revisions(agent_id: str, request: Request) -> Response:
 @router.get("/v0/policies/{agent_id}/revisions/{policy_hash}")
 async def get_revision(agent_id: str, policy_hash: str, request: Request) -> Response:
     """The bundle behind a recorded `policy_hash`, with its content (docs/audit.md)."""
-    await call(auth_of(request).principal, request, "policies:write")
+    await _revision_reader(request)
     r = await call(policies.revision_by_hash, kernel_of(request), agent_id, policy_hash)
     return JSONResponse(_json(r))
 
