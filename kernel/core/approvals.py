@@ -121,7 +121,7 @@ def decide_approval(
                 ev.step(EventType.STEP_ALLOWED, a.step_id, kind, target),
             ]
         else:
-            error = {"reason": rationale or "approval_denied"}
+            error = _denial(rationale or "approval_denied", a)
             tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
             out = [
                 ev.approval(EventType.APPROVAL_DENIED, a, "denied", **extra),
@@ -131,6 +131,12 @@ def decide_approval(
         record = _record(k, a, outcome, now, e.agent_id, kind, target, who, credential, rationale or None)
         _resume(k, tx, a.execution_id, now, out, record)
         return a  # as it was asked (its context), for the caller's metrics
+
+
+def _denial(reason: str, a: Approval) -> dict[str, str]:
+    """A denied step's error: the reason, and the rule that asked for the approval, so every
+    `denied` answer names a rule (the replay of this step is one)."""
+    return {"reason": reason, "rule_id": a.rule_id} if a.rule_id else {"reason": reason}
 
 
 def _refuse_self_approval(tx: Tx, created_by: str | None, principal: Principal) -> None:
@@ -185,7 +191,7 @@ def expire_approvals(k: Kernel, limit: int = 100) -> int:
                 continue
             s = tx.get_step(a.step_id)
             kind, target = (s.kind, s.target) if s else ("", None)
-            error = {"reason": "approval_timeout"}
+            error = _denial("approval_timeout", a)
             tx.set_approval(a.id, status=ApprovalStatus.EXPIRED, decided_at=now, rationale="timeout")
             tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
             out = [

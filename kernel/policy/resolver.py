@@ -107,6 +107,7 @@ class BundleResolver:
         self.rego = rego or LazyRegoEngine()
         self.compilers: dict[str, Compiler] = compilers or {"yaml": compile_yaml, "rego": self._compile_rego}
         self._cache: dict[tuple[str, int], CompiledBundle | Exception] = {}
+        self._fork_digests: dict[int, str] = {}
         self._lock = threading.Lock()
 
     def _compile_rego(self, content: str, revision: str) -> CompiledBundle:
@@ -179,14 +180,35 @@ class BundleResolver:
             return Decision.bundle_error("fork_bundle_missing")
         kind = PolicyKind(row.kind) if row.kind in PolicyKind._value2member_map_ else PolicyKind.NONE
         bundle = self._compiled(row, tx, fork=True)
+        digest = self._fork_digest(bundle_id, tx)
         if isinstance(bundle, Exception):
-            return Decision.bundle_error("policy_bundle_invalid", kind, row.revision)
+            return dataclasses.replace(Decision.bundle_error("policy_bundle_invalid", kind, row.revision),
+                                       policy_hash=digest)
         try:
-            return bundle.evaluate(inp)
+            decision = bundle.evaluate(inp)
         except Exception:
             log.exception("policy evaluation failed (fork bundle %s)", bundle_id)
             return Decision(Verdict.DENY, "eval-error", "policy evaluation failed",
-                            policy_kind=kind, policy_revision=row.revision)
+                            policy_kind=kind, policy_revision=row.revision, policy_hash=digest)
+        return dataclasses.replace(decision, policy_hash=digest) if digest else decision
+
+    def _fork_digest(self, bundle_id: int, tx: Tx | None) -> str:
+        """A fork bundle's `policy_hash` (SHA-256 of its stored text, as a revision's), read once:
+        fork bundles never change."""
+        with self._lock:
+            hit = self._fork_digests.get(bundle_id)
+        if hit is None:
+            try:
+                content = self._content(bundle_id, tx, fork=True)
+            except Exception:  # the resolver never raises: the decision goes without its hash
+                log.exception("fork bundle %s content lookup failed", bundle_id)
+                return ""
+            hit = hashlib.sha256(content.encode("utf-8")).hexdigest() if content is not None else ""
+            with self._lock:
+                if len(self._fork_digests) >= 4096:
+                    self._fork_digests.clear()
+                self._fork_digests[bundle_id] = hit
+        return hit
 
     def _content(self, revision_id: int, tx: Tx | None, fork: bool = False) -> str | None:
         if fork:

@@ -244,3 +244,29 @@ def test_a_complete_whose_stream_says_infinity_is_still_recorded(kernel: Kernel,
     with kernel.store.read() as tx:
         s = tx.get_step(a.step_id)
     assert s.status == StepStatus.SUCCEEDED and (s.usage_input, s.usage_output) == (0, 4)
+
+
+def test_a_session_budget_counts_the_tokens_of_every_execution_of_the_session(kernel: Kernel, running: Running) -> None:
+    from kernel.core import executions
+    from kernel.core.dispatch import claim_due
+    from kernel.core.executions import Lineage
+
+    spec = BudgetSpec(max_tokens=30, scope="session")
+    kernel.policy = FixedPolicy(Decision(Verdict.ALLOW, "session-budget", budget=spec))
+    first, second = (executions.create_execution(kernel, "shell", i, lineage=Lineage(session="chat"))[0].id
+                     for i in range(2))
+    other = executions.create_execution(kernel, "shell", 0, lineage=Lineage(session="elsewhere"))[0].id
+    leases = {c.execution_id: c for c in claim_due(kernel, 10)}
+    c1 = leases[first]
+    # The first turn spends 19 + 19 = 38: over the session's 30 once its second call has run.
+    assert [_llm_step(kernel, first, c1.dispatch_id, c1.attempt, OPENAI_CHAT, n=i).decision for i in range(2)] == [
+        "proceed", "proceed"]
+    executions.finish_execution(kernel, "shell", first, c1.dispatch_id, c1.attempt, output="turn 1")
+    c2 = next(c for c in claim_due(kernel, 10) if c.execution_id == second)
+    # The second turn has spent nothing of its own, but the session has: its first call is denied.
+    denied = _llm_step(kernel, second, c2.dispatch_id, c2.attempt, OPENAI_CHAT)
+    assert (denied.decision, denied.reason, denied.rule_id) == (
+        "denied", "execution_token_budget_exceeded", "session-budget")
+    # Another session's execution spends from its own session's budget.
+    co = leases[other]
+    assert _llm_step(kernel, other, co.dispatch_id, co.attempt, OPENAI_CHAT).decision == "proceed"

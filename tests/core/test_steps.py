@@ -246,7 +246,7 @@ def test_denied_approval_denies_the_reproposed_step_with_the_rationale(kernel: K
     assert (got.decided_by, got.asserted_by) == ("ops-key", "bob")
     [claim] = [c for c in claim_due(kernel, 10) if c.execution_id == eid]
     again = steps.submit_step(kernel, "shell", eid, claim.dispatch_id, claim.attempt, req())
-    assert (again.decision, again.reason) == ("denied", "not today")
+    assert (again.decision, again.reason, again.rule_id) == ("denied", "not today", "ask")
 
 
 def test_expired_approval_denies_with_approval_timeout(kernel: Kernel, running: Running) -> None:
@@ -258,6 +258,7 @@ def test_expired_approval_denies_with_approval_timeout(kernel: Kernel, running: 
     [claim] = [c for c in claim_due(kernel, 10) if c.execution_id == eid]
     again = steps.submit_step(kernel, "shell", eid, claim.dispatch_id, claim.attempt, req())
     assert (again.decision, again.reason, again.step_id) == ("denied", "approval_timeout", a.step_id)
+    assert again.to_json()["rule_id"] == "ask"  # every denied answer names a rule: the one that asked
 
 
 def test_event_seqs_are_gapless_and_start_at_one(kernel: Kernel, running: Running) -> None:

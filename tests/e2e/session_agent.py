@@ -7,7 +7,8 @@
   run and its rerun replays their outputs.
 - `child`: returns `{"echo": input}` after `input.get("sleep", 0)` seconds (a `sleep` of -1 waits
   until cancelled).
-- `steps`: runs `input["steps"]` tools in order (`step-0`, `step-1`, …), catching policy denials.
+- `steps`: runs `input["steps"]` tools in order (`step-0`, `step-1`, …), catching policy denials;
+  the indexes in `input["at_most_once"]` are declared `at_most_once`.
 
 Every tool body that really runs appends one EFFECTS line, so a test can count re-runs.
 """
@@ -72,12 +73,14 @@ async def child(input: Any) -> dict[str, Any]:
 async def steps(input: Any) -> dict[str, Any]:
     ctx = rebuno.execution()
     out: list[Any] = []
+    once = set(input.get("at_most_once", ()))
     for i in range(int(input["steps"])):
         def body(i: int = i) -> str:
             _append(EFFECTS, f"{ctx.id} step-{i}")
             return f"did {i}"
         try:
-            out.append(await ctx.invoke_tool(f"step-{i}", {"i": i}, run=body))
+            out.append(await ctx.invoke_tool(f"step-{i}", {"i": i}, run=body,
+                                             idempotency="at_most_once" if i in once else "safe_to_retry"))
         except rebuno.PolicyError as denied:
             out.append({"denied": denied.rule_id})
     return {"results": out}

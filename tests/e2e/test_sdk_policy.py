@@ -162,10 +162,10 @@ def test_yaml_approval_deny_resumes_with_the_rationale_as_the_reason(pk: PolicyK
     assert e["status"] == "completed", e
     assert e["output"]["denied"] is True and e["output"]["reason"] == "not on my watch"
     [seen] = pk.logs(YAML_AGENT, eid, "policy_denied")
-    assert seen["reason"] == "not on my watch"
+    assert (seen["reason"], seen["rule_id"]) == ("not on my watch", approval["rule_id"])  # the SDK's PolicyError
     # the approver's decision, not a bundle's, denies the step: the event carries the error
     [denied] = pk.decisions(eid, "step.denied")
-    assert denied["error"] == {"reason": "not on my watch"}
+    assert denied["error"] == {"reason": "not on my watch", "rule_id": approval["rule_id"]}
     assert [p["decided_by"] for p in pk.decisions(eid, "approval.denied")] == ["oncall"]
     assert pk.effects(YAML_AGENT, eid) == []
 
@@ -177,10 +177,10 @@ def test_yaml_approval_with_a_short_timeout_is_expired_by_the_sweep(pk: PolicyKe
     assert e["status"] == "completed", e
     assert e["output"]["denied"] is True and e["output"]["reason"] == "approval_timeout"
     [seen] = pk.logs(YAML_AGENT, eid, "policy_denied")
-    assert seen["reason"] == "approval_timeout"
+    assert (seen["reason"], seen["rule_id"]) == ("approval_timeout", approval["rule_id"])
     assert "approval.expired" in pk.api.types(eid)
     [denied] = pk.decisions(eid, "step.denied")
-    assert denied["error"] == {"reason": "approval_timeout"}
+    assert denied["error"] == {"reason": "approval_timeout", "rule_id": approval["rule_id"]}
     assert pk.api.http.get(f"/v0/approvals/{approval['id']}").json()["status"] == "expired"
     assert pk.effects(YAML_AGENT, eid) == []
 

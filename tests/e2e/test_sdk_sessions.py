@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,11 @@ def test_a_fork_at_the_middle_replays_the_first_steps_and_runs_the_rest_under_it
     assert {p["replayed_from"] for _, p in replayed} == {source_ids["step-0"], source_ids["step-1"]}
     denied = [e["payload"] for e in kernel.api.events(fork.id) if e["type"] == "step.denied"]
     assert [(d["target"], d["rule_id"]) for d in denied] == [("step-3", "no-step-3")]
+    # Decided by the fork's own bundle: its events name that bundle by the hash of its text.
+    fork_hash = hashlib.sha256(STRICT_FORK_BUNDLE.encode()).hexdigest()
+    allowed = [e["payload"] for e in kernel.api.events(fork.id) if e["type"] == "step.allowed"]
+    assert [a["target"] for a in allowed] == ["step-2", "step-4"]
+    assert {d["policy_hash"] for d in denied + allowed} == {fork_hash}
     # The agent's own bundle was not touched: it still has none.
     assert kernel.api.http.get("/v0/policies/five").status_code == 404
     steps = {s["target"]: s["status"] for s in kernel.api.steps(fork.id)}
@@ -179,3 +185,47 @@ def test_a_fork_bundle_that_does_not_compile_is_refused_by_the_load_gate(kernel:
     assert r.status_code == 400 and r.json()["code"] == "validation_error", r.text
     r = kernel.api.http.post(f"/v0/executions/{src.id}/fork", json={"at_seq": 10_000})
     assert r.status_code == 400, r.text
+
+
+def _fork_before_the_payment(kernel: DevKernel) -> tuple[rebuno.Execution, rebuno.Execution]:
+    """A three-step source whose step-1 is `at_most_once`, and its fork at the start of step-1."""
+    src = _sdk(kernel, lambda client: client.create("five", {"steps": 3, "at_most_once": [1]}))
+    kernel.api.wait_status(src.id, "completed", timeout=30)
+    points = kernel.api.http.get(f"/v0/executions/{src.id}/fork-points").json()
+    at = points[1]["event_seq"]  # after step-0: the fork reaches step-1, already performed, live
+    fork = _sdk(kernel, lambda client: client.fork(src.id, at_seq=at))
+    return src, fork
+
+
+def _pending_approval(kernel: DevKernel, eid: str) -> rebuno.Approval:
+    async def find(client: rebuno.Client) -> rebuno.Approval | None:
+        return next((a for a in await client.list_approvals() if a.execution_id == eid), None)
+
+    return wait_for(lambda: _sdk(kernel, find), f"a pending approval for {eid}", timeout=30)
+
+
+def test_a_fork_asks_before_repeating_an_at_most_once_effect_and_runs_it_once_granted(kernel: DevKernel) -> None:
+    src, fork = _fork_before_the_payment(kernel)
+    approval = _pending_approval(kernel, fork.id)
+    assert kernel.api.get(fork.id)["status"] == "blocked"
+    [asked] = [e["payload"] for e in kernel.api.events(fork.id) if e["type"] == "step.awaiting_approval"]
+    assert (asked["target"], asked["rule_id"]) == ("step-1", "__fork_effect")
+    _sdk(kernel, lambda client: client.grant_approval(approval.id, decided_by="ops", rationale="rerun it"))
+    out = kernel.api.wait_status(fork.id, "completed", timeout=30)
+    assert out["output"] == {"results": ["did 0", "did 1", "did 2"]}
+    five = next(a for a in kernel.agents if a.port == kernel.ports["five"])
+    # step-0 replayed (not re-run); step-1 ran once more, after a person granted it; step-2 is safe_to_retry.
+    assert [line.split()[1] for line in five.effect_lines() if line.startswith(fork.id)] == ["step-1", "step-2"]
+    assert [line.split()[1] for line in five.effect_lines() if line.startswith(src.id)] == [
+        "step-0", "step-1", "step-2"]
+
+
+def test_a_fork_whose_at_most_once_repeat_is_denied_tells_the_agent_the_rule(kernel: DevKernel) -> None:
+    _, fork = _fork_before_the_payment(kernel)
+    approval = _pending_approval(kernel, fork.id)
+    _sdk(kernel, lambda client: client.deny_approval(approval.id, decided_by="ops", rationale="paid already"))
+    out = kernel.api.wait_status(fork.id, "completed", timeout=30)
+    # The SDK's PolicyError carries the rule that asked (every denied answer names one).
+    assert out["output"] == {"results": ["did 0", {"denied": "__fork_effect"}, "did 2"]}
+    five = next(a for a in kernel.agents if a.port == kernel.ports["five"])
+    assert [line.split()[1] for line in five.effect_lines() if line.startswith(fork.id)] == ["step-2"]
