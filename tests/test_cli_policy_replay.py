@@ -73,6 +73,7 @@ def test_pretty_output_names_old_and_new_rule(tmp_path: Path, server: ServerThre
                  "--agent-id", "shell", "--kernel", server.url]) == 2
     text = capsys.readouterr().out
     assert "allow-shell" in text and "deny-rm" in text and "1 of 1 replayed decisions would change" in text
+    assert two_executions[0] in text  # piped, not a terminal: the id is whole, not folded to 80 columns
 
 
 @pytest.mark.parametrize("extra", [[], ["--last", "2"]], ids=["no-agent-id", "execution-and-last"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from rich.table import Table
 
 from kernel.errors import ValidationError
 
-out = Console()
+# A terminal gets rich's width; a pipe or a file gets whole lines (execution and step ids intact).
+out = Console() if sys.stdout.isatty() else Console(width=100_000, soft_wrap=True)
 err = Console(stderr=True)
 
 MAX_LAST = 100  # executions replayed by one --last

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from rich.table import Table
 from kernel.cli.policy_replay import _candidate, _fail
 from kernel.errors import ValidationError
 
-out = Console()
+# A terminal gets rich's width; a pipe or a file gets whole lines (execution and step ids intact).
+out = Console() if sys.stdout.isatty() else Console(width=100_000, soft_wrap=True)
 err = Console(stderr=True)
 TIMEOUT_SECONDS = 30.0
 

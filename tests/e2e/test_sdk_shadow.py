@@ -5,6 +5,7 @@ and rollback through the CLI, and shadows that loop forever or crash their Rego 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -154,6 +155,8 @@ def test_a_shadow_period_counts_exactly_what_the_agents_submitted(sk: ShadowKern
             assert s["shadow"]["decision"] == "deny" and s["active"]["decision"] == "allow"
     pretty = sk.cli("report", "--agent-id", "pay-a")
     assert pretty.returncode == 2 and "allow→deny 4" in pretty.stdout and "deny-large-transfers" in pretty.stdout
+    # Piped, not a terminal: each step link is whole (an execution id and a 64-digit step id), not cut at 80 columns.
+    assert len(re.findall(r"/v0/executions/[0-9a-f-]{36}/steps/[0-9a-f]{64}", pretty.stdout)) == 4, pretty.stdout
 
 
 def test_promote_then_rollback_each_change_the_next_decision(sk: ShadowKernel) -> None:
