@@ -60,3 +60,24 @@ def test_sign_with_an_unusable_key_exits_one(tmp_path: Path, capsys: pytest.Capt
     assert main(["policy", "sign", str(bundle), "--signing-key", str(tmp_path / "bad.pem")]) == 1
     assert "cannot sign" in capsys.readouterr().err
     assert not (bundle / ".signatures.json").exists()
+
+
+def test_a_yaml_bundle_signed_in_its_directory_checks_and_a_change_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The release flow docs/policy-rollout.md gives for YAML bundles pulled from a bundle server:
+    sign the directory holding the one YAML file, check it with the key, then tar it."""
+    priv, pub = keys_for("RS256")
+    d = tmp_path / "payments"
+    d.mkdir()
+    root = Path(__file__).resolve().parents[1]
+    (d / "payments.yaml").write_text((root / "bundles" / "payments.yaml").read_text())
+    assert main(["policy", "sign", str(d), "--signing-key", priv, "--key-id", "release"]) == 0
+    assert main(["policy", "check", str(d), "--verify-key", pub, "--key-id", "release"]) == 0
+    (d / "payments.yaml").write_text((d / "payments.yaml").read_text().replace("max_calls: 30", "max_calls: 3000"))
+    capsys.readouterr()
+    assert main(["policy", "check", str(d), "--verify-key", pub, "--key-id", "release"]) == 1
+    assert "digest_mismatch" in capsys.readouterr().err
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("rules: []\n")
+    assert main(["policy", "check", str(bare), "--verify-key", pub]) == 1
+    assert "carries no signature" in capsys.readouterr().err

@@ -74,11 +74,19 @@ def verify_signature(args: argparse.Namespace, path: Path) -> str | None:
     """None when the bundle's signature verifies (or no key was given); else the message."""
     if not getattr(args, "verify_key", None):
         return None
-    if not (path.is_dir() or path.name.endswith((".tar.gz", ".tgz"))):
-        return f"{path}: only Rego bundles (a directory or tarball) carry signatures"
+    signed = path
+    if path.suffix in (".yaml", ".yml") and (path.parent / SIGNATURES_FILE).is_file():
+        signed = path.parent  # a YAML bundle signed in its directory, as a bundle server serves it tarred
+    elif not (path.is_dir() or path.name.endswith((".tar.gz", ".tgz"))):
+        return (f"{path}: a bare YAML file carries no signature: sign the directory holding it "
+                "(regent policy sign DIR), as for a Rego bundle")
     try:
         key = VerificationKey(read_key(args.verify_key), args.verify_alg, args.key_id, args.scope)
-        verify_bundle_files(read_bundle_files(path), key)
+        files = read_bundle_files(signed)
+        if signed is not path and [n for n in files if n != SIGNATURES_FILE] != [path.name]:
+            return (f"{path}: {signed} holds other files besides {path.name}; a signed YAML bundle's "
+                    "directory holds that one file and .signatures.json")
+        verify_bundle_files(files, key)
     except ValidationError as exc:
         return f"{path}: {exc.message}"
     return None
