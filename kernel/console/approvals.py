@@ -23,8 +23,10 @@ async def _page(request: Request, v: Any, status: int = 200, error: str = "", no
     require(v, "approvals:read")
     k = kernel_of(request)
     box = await call(inbox, k)
+    # With REGENT_BOOTSTRAP_APPROVALS=false a visitor without a named key cannot decide: no form.
+    may_decide = v.can("approvals:write") and (v.principal.name is not None or k.bootstrap_approvals)
     return page(request, v, "approvals.html", status=status, section="approvals", box=box, now=k.clock.now(),
-                error=error, notice=notice)
+                error=error, notice=notice, may_decide=may_decide)
 
 
 @router.get("/console/approvals")

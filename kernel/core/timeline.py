@@ -60,6 +60,7 @@ class StepRow:
     reason: str = ""
     policy_kind: str = ""
     policy_revision: str = ""
+    policy_hash: str = ""  # the bundle's content hash (a Rego revision may name two bundles)
     approval: Approval | None = None
     events: list[Event] = field(default_factory=list)
 
@@ -134,6 +135,7 @@ def timeline(k: Kernel, execution_id: str, after_seq: int = 0, limit: int = TIME
             row.reason = str(p.get("reason") or (error.get("reason") if isinstance(error, dict) else "") or "")
             row.policy_kind = str(p.get("policy_kind") or "")
             row.policy_revision = str(p.get("policy_revision") or "")
+            row.policy_hash = str(p.get("policy_hash") or "")
     last = events[-1].event_seq if events else after_seq
     return Timeline(e, rows, last, execution_seq, last if more else None,
                     len(by_step) if total_steps < 0 else total_steps,

@@ -213,6 +213,11 @@ def test_upload_activates_a_new_revision_shows_the_diff_and_an_old_one_can_be_re
     new, old = max(seqs), min(seqs)
     assert ck.api.http.get("/v0/policies/ops").json()["seq"] == new
     page.goto(f"{ck.url}/console/policies?agent_id=ops&from={old}&to={new}")
+    # each revision shows the policy hash its decisions record (docs/audit.md), to match them up
+    hashes = {r["policy_hash"] for r in ck.api.http.get("/v0/policies/ops/revisions").json()}
+    shown = page.locator("td.policy-hash")
+    assert {shown.nth(i).get_attribute("title") for i in range(shown.count())} == hashes
+    assert all(len(t) == 12 for t in shown.all_inner_texts())
     added = page.locator("#diff .add").all_inner_texts()
     assert "+  - id: no-listing" in added
     shot(page, "policies-diff")

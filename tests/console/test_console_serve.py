@@ -61,8 +61,11 @@ def test_an_approver_only_key_sees_timelines_but_not_policies(served: Any, page:
     assert page.locator(".rule-id").first.inner_text() == "allow-read-only"
     assert "Policies" not in nav_labels(page) and "Playground" not in nav_labels(page)
     assert page.locator("text=Cancel execution").count() == 0  # no executions:write
+    # no link to the executions list it may not open; the refusal says it once
+    assert page.locator(".crumbs a").count() == 0
     r = page.goto(f"{k.url}/console/policies")
-    assert r.status == 403 and "policies:write" in page.locator(".notice.error").inner_text()
+    refusal = page.locator(".notice.error").inner_text()
+    assert r.status == 403 and "policies:write" in refusal and "forbidden: forbidden" not in refusal
     status = page.evaluate("""async () => (await fetch("/console/executions")).status""")
     assert status == 403
 
@@ -113,7 +116,8 @@ def test_an_approval_asked_by_policy_is_granted_in_the_inbox_and_the_execution_c
     assert (decided["status"], decided["decided_by"], decided["rationale"]) == ("granted", "oncall", "checked with the owner")
     page.reload()
     resolved = page.locator(f"#resolved-{approval['id']}")
-    assert resolved.locator(".decided-by").inner_text().startswith("oncall")
+    assert resolved.locator(".decided-by").inner_text() == "oncall"
+    assert resolved.locator(".credential").inner_text() == "key"  # bound to the key, not only named
     assert "checked with the owner" in resolved.inner_text()
 
 
@@ -148,3 +152,43 @@ def test_a_key_may_not_approve_a_step_of_an_execution_it_created(served: Any, pa
     assert "created" in error.inner_text() and "may not approve" in error.inner_text()
     assert k.api.get(eid)["status"] == "blocked"
     assert k.api.http.get(f"/v0/approvals/{approval['id']}").json()["status"] == "pending"
+
+
+def test_a_bootstrap_decision_is_shown_as_asserted_wherever_the_decider_appears(served: Any, page: Any) -> None:
+    k, _ = served
+    eid = k.run("ops", [RM], "blocked")
+    approval = k.pending(eid)
+    sign_in(page, k.url, BOOTSTRAP_TOKEN, "/console/approvals")
+    row = page.locator(f"#approval-{approval['id']}")
+    row.locator("input[name=decided_by]").fill("oncall")  # no identity: the form asks who decides
+    row.locator("button:text-is('Deny')").click()
+    page.locator(".notice.ok", has_text="Denied").wait_for()
+    resolved = page.locator(f"#resolved-{approval['id']}")
+    assert resolved.locator(".decided-by").inner_text() == "oncall"
+    assert resolved.locator(".credential").inner_text() == "asserted with the bootstrap token"
+    shot(page, "approvals-resolved")
+    page.goto(f"{k.url}/console/executions/{eid}")
+    assert page.locator(".approval .credential").inner_text() == "asserted with the bootstrap token"
+    page.goto(f"{k.url}/console/audit?execution_id={eid}&decision=approval_denied")
+    [record] = page.locator("tr.decision-row").all()
+    assert record.locator(".decided-by").inner_text() == "oncall"
+    assert record.locator(".credential").inner_text() == "asserted with the bootstrap token"
+
+
+def test_with_bootstrap_approvals_off_the_inbox_offers_the_bootstrap_token_no_decision(
+    tmp_path_factory: pytest.TempPathFactory, page: Any
+) -> None:
+    with console_kernel(tmp_path_factory.mktemp("console-no-bootstrap"), "serve",
+                        REGENT_BOOTSTRAP_APPROVALS="false") as (k, _):
+        eid = k.run("ops", [RM], "blocked")
+        approval = k.pending(eid)
+        sign_in(page, k.url, BOOTSTRAP_TOKEN, "/console/approvals")
+        row = page.locator(f"#approval-{approval['id']}")
+        assert row.locator("button").count() == 0
+        assert "named API key" in row.inner_text()
+        # and a forged form changes nothing: the core refuses it (403) whatever the page showed
+        csrf = page.locator("form[action='/console/sign-out'] input[name=csrf]").get_attribute("value")
+        r = page.request.post(f"{k.url}/console/approvals/{approval['id']}/grant",
+                              form={"csrf": csrf, "decided_by": "oncall"})
+        assert r.status == 403 and "REGENT_BOOTSTRAP_APPROVALS" in r.text()
+        assert k.api.http.get(f"/v0/approvals/{approval['id']}").json()["status"] == "pending"
