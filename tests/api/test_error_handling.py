@@ -29,7 +29,8 @@ def _read_response(sock: socket.socket) -> bytes:
             return data
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)  # a 204 has none
     while len(body) < length:
         body += sock.recv(65536)
     return head
@@ -80,3 +81,29 @@ def test_bearer_scheme_is_case_insensitive(server: ServerThread) -> None:
     for header in ("bearer", "Basic boot-token", "bearerboot-token", "bearer nope"):
         r = httpx.get(f"{server.url}/v0/executions", headers={"Authorization": header})
         assert r.status_code == 401 and r.json()["code"] == "unauthorized", header
+
+
+def test_every_client_error_keeps_the_connection(server: ServerThread, running: Running) -> None:
+    eid, _, _ = running.start()
+    dup = b'{"agent_id":"a","agent_id":1}'
+    bad = [  # 400 (body, query, path), 401, 404, 405, 409, each on the same socket, then a 200
+        b"POST /v0/executions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(dup), dup),
+        b"GET /v0/executions?status=bogus HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v0/agents/hel%00lo HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v0/executions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n\r\n",
+        f"POST /v0/executions/{eid}/steps HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}".encode(),
+        b"GET /v0/nope HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"PATCH /v0/agents/x HTTP/1.1\r\nHost: x\r\n\r\n",
+        f"POST /v0/executions/{eid}/cancel HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
+        f"POST /v0/executions/{eid}/cancel HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
+    ]
+    expected = [b"400", b"400", b"400", b"401", b"401", b"404", b"405", b"204", b"409"]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        for raw, status in zip(bad, expected, strict=True):
+            s.sendall(raw)
+            head = _read_response(s)
+            assert head.startswith(b"HTTP/1.1 " + status) and b"connection: close" not in head.lower(), (raw, head)
+        s.sendall(b"GET /v0/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_response(s).startswith(b"HTTP/1.1 200")
+
