@@ -8,6 +8,7 @@ must be written as such, and mapping keys are unique and known.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -23,6 +24,9 @@ __all__ = ["BundleReader", "bundle_error", "parse_document"]
 _TAG = "tag:yaml.org,2002:"
 STR, INT, NULL = _TAG + "str", _TAG + "int", _TAG + "null"
 FLOAT, BOOL = _TAG + "float", _TAG + "bool"
+
+# A plain scalar YAML 1.1 reads as a string although JSON would read a number (1e6, 2E-3).
+_EXPONENT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
 # Scalar tags whose text we accept; explicit application tags (`!foo`, `!!binary`) are refused.
 _SCALAR_TAGS = frozenset(
     _TAG + t for t in ("str", "int", "float", "bool", "null", "timestamp", "merge", "value")
@@ -187,8 +191,10 @@ class BundleReader:
         self._spend(node)
         if not isinstance(node, ScalarNode) or node.tag not in (INT, FLOAT):
             hint = ""
-            if isinstance(node, ScalarNode) and node.tag == STR:
-                hint = " (YAML reads 1e6 as a string: write 1000000 or 1.0e+6)"
+            if isinstance(node, ScalarNode) and node.tag == STR and node.style is None and _EXPONENT.match(node.value):
+                hint = f" (YAML reads {node.value} as a string: write it with a dot and a signed exponent, 1.0e+6)"
+            elif isinstance(node, ScalarNode) and node.tag == STR and node.style in ('"', "'"):
+                hint = " (a quoted value is a string: write the number without quotes)"
             self.fail(node, f"{where} must be a number, got {_describe(node)}{hint}")
         value: int | float
         if node.tag == INT:
