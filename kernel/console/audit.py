@@ -40,6 +40,7 @@ RULE_SHORTCUTS = {"eval-error": "eval-error", "bundle-error": "bundle-error"}
 # What the v0 API answered the agent for an outcome whose name differs (rebuno-v0 §5): the search
 # says so, for an auditor who looks for the `blocked` answer an agent logged.
 WIRE_ANSWERS = {"awaiting_approval": "API: blocked", "rate_limited": "API: rate_limited or blocked"}
+FIELDS = ("agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id", "from", "to")  # the search form's
 CSV_COLUMNS = ("decided_at", "agent_id", "execution_id", "step_id", "kind", "target", "decision", "rule_id",
                "reason", "policy_kind", "policy_revision", "policy_hash", "decided_by", "credential", "event_seq")
 
@@ -67,8 +68,7 @@ async def query_of(request: Request, limit: int = PAGE_SIZE,
 
 def _query(request: Request, limit: int, cursor: bool) -> tuple[decisions.DecisionQuery, dict[str, str]]:
     q = request.query_params
-    fields = {key: q.get(key, "").strip() for key in ("agent_id", "decision", "rule_id", "target", "policy_hash",
-                                                        "execution_id", "from", "to")}
+    fields = {key: q.get(key, "").strip() for key in FIELDS}
     for key, value in fields.items():
         if len(value) > 1024:
             raise ValidationError(f"validation error: {key} is too long")
@@ -163,15 +163,23 @@ def chart(counts: decisions.DecisionCounts) -> Chart:
 async def audit_page(request: Request) -> Response:
     v = await viewer(request)
     require(v, SCOPE)
-    query, fields = await query_of(request)
     k = kernel_of(request)
-    result = await call(decisions.list_decisions, k, query)
+    # A search the page cannot run (a bad time, an unknown or ambiguous bundle) is said above the
+    # form, which keeps what was typed, instead of a page without the form.
+    error, status = "", 200
+    try:
+        query, fields = await query_of(request)
+        result = await call(decisions.list_decisions, k, query)
+    except ValidationError as exc:
+        error, status = exc.message.removeprefix("validation error: "), 400
+        fields = {key: request.query_params.get(key, "").strip()[:1024] for key in FIELDS}
+        result = decisions.DecisionPage()
     known = await call(agents.list_agents, k)
     export = urlencode({key: value for key, value in fields.items() if value})
-    return page(request, v, "audit.html", section="audit", result=result, fields=fields,
+    return page(request, v, "audit.html", status=status, section="audit", result=result, fields=fields,
                 agents=[a.id for a in known], outcomes=[o.value for o in DecisionOutcome],
                 shortcuts=list(RULE_SHORTCUTS), export=export, outcome_styles=OUTCOMES,
-                wire=WIRE_ANSWERS, timeline_page=timeline.TIMELINE_EVENTS)
+                wire=WIRE_ANSWERS, timeline_page=timeline.TIMELINE_EVENTS, error=error)
 
 
 @router.get("/console/audit/chart.svg")

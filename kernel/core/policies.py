@@ -115,19 +115,25 @@ def revision_by_hash(k: Kernel, agent_id: str, policy_hash: str) -> PolicyRevisi
 
 
 def policy_hash_of(k: Kernel, bundle: str, agent_id: str | None = None) -> str:
-    """The policy hash a decision search means by `bundle`: a policy hash as given, or the hash
-    of the bundle stored under that revision name (of `agent_id` when given). ValidationError
-    when no stored bundle, or more than one, has that revision."""
+    """The policy hash a decision search means by `bundle`: a policy hash as given, the hash of
+    the bundle stored under that revision name (of `agent_id` when given), or the one stored hash
+    that starts with it (8 or more hex digits: the console shows a hash's first 12). ValidationError
+    when no stored bundle, or more than one, answers to it."""
     text = bundle.strip()
-    if len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower()):
+    hexadecimal = all(c in "0123456789abcdef" for c in text.lower())
+    if len(text) == 64 and hexadecimal:
         return text.lower()
     with k.store.read() as tx:
         hashes = tx.policy_hashes_of_revision(text, agent_id)
+        what = "revision"
+        if not hashes and 8 <= len(text) < 64 and hexadecimal:
+            hashes = tx.policy_hashes_with_prefix(text.lower(), agent_id)
+            what = "policy hash prefix"
     if not hashes:
         raise ValidationError(f"validation error: no stored bundle has the revision {text!r} "
-                              "(give a revision or a 64-digit policy hash)")
+                              "(give a revision, a policy hash or its first 8 or more digits)")
     if len(hashes) > 1:
-        raise ValidationError(f"validation error: the revision {text!r} names {len(hashes)} different bundles; "
+        raise ValidationError(f"validation error: the {what} {text!r} names {len(hashes)} different bundles; "
                               f"pick an agent or give one of their policy hashes: {', '.join(h[:12] for h in hashes)}…")
     return hashes[0]
 

@@ -260,6 +260,15 @@ class AuditQueries:
             q = q.where(c.agent_id == agent_id)
         return sorted(str(r[0]) for r in self.conn.execute(q).all())
 
+    def policy_hashes_with_prefix(self, prefix: str, agent_id: str | None) -> list[str]:
+        """The stored content hashes that start with `prefix` (the first characters the console
+        shows of a hash), of one agent or of any."""
+        c = t.policy_revisions.c
+        q = select(c.content_hash).where(c.content_hash.startswith(prefix, autoescape=True)).distinct()
+        if agent_id is not None:
+            q = q.where(c.agent_id == agent_id)
+        return sorted(str(r[0]) for r in self.conn.execute(q).all())
+
     def policy_revision_by_hash(self, agent_id: str, content_hash: str) -> Any:
         c = t.policy_revisions.c
         return self.conn.execute(

@@ -384,6 +384,49 @@ def test_a_denied_step_is_found_by_the_audit_search_and_is_in_both_exports(ck: C
     shot(page, "audit")
 
 
+def test_the_audit_finds_a_bundle_by_the_hash_prefix_it_shows(ck: ConsoleKernel, page: Any) -> None:
+    eid = ck.run("ops", [DELETE], "completed")
+    [d] = ck.api.http.get("/v0/decisions", params={"execution_id": eid}).json()["decisions"]
+    page.goto(f"{ck.url}/console/audit?execution_id={eid}")
+    shown = page.locator("tr.decision-row .policy-hash").first  # the Bundle column: a hash's first 12
+    assert shown.get_attribute("title") == d["policy_hash"]
+    page.fill("input[name=policy_hash]", shown.inner_text())
+    page.click("#audit-search button[type=submit]")
+    page.wait_for_url(re.compile(r"policy_hash="))
+    assert page.locator("#search-error").count() == 0
+    titles = page.locator("tr.decision-row .policy-hash")
+    assert titles.count() >= 1 and {titles.nth(i).get_attribute("title") for i in range(titles.count())} == {
+        d["policy_hash"]}
+
+
+def test_a_search_the_audit_cannot_run_is_said_above_the_form_that_keeps_it(ck: ConsoleKernel, page: Any) -> None:
+    # two Rego bundles under one manifest revision: the revision alone does not say which
+    d = REPO / "bundles" / "shell-rego"
+    r = ck.api.http.post("/v0/agents", json={"id": "two-bundles", "webhook_url": "http://127.0.0.1:9/webhook",
+                                             "secret": "two-bundles-secret"})
+    assert r.status_code in (200, 201), r.text
+    for marker in ("one", "two"):
+        data = json.loads((d / "data.json").read_text())
+        data["shell"]["marker"] = marker
+        bundle = {"modules": {"policy.rego": (d / "policy.rego").read_text()}, "data": data,
+                  "manifest": {"revision": "same-1", "roots": ["shell"],
+                               "metadata": {"regent": {"entrypoint": "shell/decision", "default_action": "deny"}}}}
+        assert ck.api.http.post("/v0/policies/two-bundles", json={"kind": "rego", "bundle": bundle}).status_code == 204
+    hashes = sorted(x["policy_hash"] for x in ck.api.http.get("/v0/policies/two-bundles/revisions").json())
+    r = page.goto(f"{ck.url}/console/audit?agent_id=two-bundles&policy_hash=same-1&target=shell_exec")
+    assert r.status == 400
+    error = page.locator("#search-error").inner_text()
+    assert "names 2 different bundles" in error and all(h[:12] in error for h in hashes)
+    assert page.locator("input[name=target]").input_value() == "shell_exec"  # the form keeps the search
+    assert page.locator("#chart-image").count() == 0
+    page.fill("input[name=policy_hash]", hashes[1][:12])  # one of the prefixes the message lists
+    page.click("#audit-search button[type=submit]")
+    page.wait_for_url(re.compile(hashes[1][:12]))
+    assert page.locator("#search-error").count() == 0 and page.locator("#chart-image").count() == 1
+    page.goto(f"{ck.url}/console/audit?from=yesterday")
+    assert "is not a date and time" in page.locator("#search-error").inner_text()
+
+
 def test_a_rego_bundle_shows_every_module_data_json_and_the_manifest_with_line_numbers(ck: ConsoleKernel, page: Any) -> None:
     d = REPO / "bundles" / "shell-rego"
     r = ck.api.http.post("/v0/agents", json={"id": "ops-rego", "webhook_url": "http://127.0.0.1:9/webhook",
