@@ -63,7 +63,9 @@ def create_execution(
     now = k.clock.now()
     lin = lineage or Lineage()
     try:
-        with k.store.transaction(session=lin.session) as tx:
+        # A child spawned by a parent's step takes the parent's lock: two creates for one step serialise.
+        lock = lin.parent_execution_id if lin.spawned_step_id is not None else None
+        with k.store.transaction(session=lin.session, lock=lock) as tx:
             if tx.get_agent(agent_id) is None:
                 raise NotFound(f"agent {agent_id!r} not found")
             if idempotency_key is not None:
@@ -72,6 +74,9 @@ def create_execution(
                     return existing, False
             if lin.parent_execution_id is not None:
                 _check_parent(tx, lin)
+                twin = _spawned_by_step(tx, lin, agent_id)
+                if twin is not None:
+                    return twin, False
             deadline = now + timedelta(seconds=k.deadline_timeout) if k.deadline_timeout else None
             e = Execution(
                 id=new_uuid7(), agent_id=agent_id, input=input, status=ExecutionStatus.RUNNING,
@@ -89,6 +94,19 @@ def create_execution(
         if existing is None:
             raise
         return existing, False
+
+
+def _spawned_by_step(tx: Tx, lin: Lineage, agent_id: str) -> Execution | None:
+    """The child a parent's step already spawned. A parent whose dispatch was lost while it waited
+    reruns the spawning tool body (a safe_to_retry step runs again) and asks for the child again:
+    it gets the same one, not a second run of the sub-agent."""
+    if lin.spawned_step_id is None:
+        return None
+    twin = next((c for c in tx.children(lin.parent_execution_id or "") if c.spawned_step_id == lin.spawned_step_id),
+                None)
+    if twin is not None and twin.agent_id != agent_id:
+        raise Conflict(f"conflict: step {lin.spawned_step_id} already spawned a child of agent {twin.agent_id!r}")
+    return twin
 
 
 def _check_parent(tx: Tx, lin: Lineage) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kernel.core import executions, lifecycle, sessions, steps
+from kernel.core.agents import register_agent
 from kernel.core.dispatch import Claim, claim_due
 from kernel.core.executions import Lineage
 from kernel.core.kernel import Kernel
@@ -177,3 +178,21 @@ def test_a_child_may_not_queue_in_a_session_its_live_ancestor_holds(running: Run
             executions.create_execution(k, "shell", None, lineage=Lineage(session="chat", parent_execution_id=direct))
     other = executions.create_execution(k, "shell", None, lineage=Lineage(session="other", parent_execution_id=child))
     assert other[0].status == "running"
+
+
+def test_asking_again_for_the_child_of_a_spawning_step_returns_the_same_child(running: Running) -> None:
+    from kernel.errors import Conflict
+
+    k = running.kernel
+    parent = executions.create_execution(k, "shell", None)[0].id
+    pc = _claim(k, parent)
+    sid = _spawn_step(k, parent, pc, "spawn-0")
+    lin = Lineage(parent_execution_id=parent, spawned_step_id=sid)
+    first, created = executions.create_execution(k, "shell", {"i": 0}, lineage=lin)
+    # The parent's handler lost its dispatch while it waited, and its rerun runs the spawn body again.
+    again, created_again = executions.create_execution(k, "shell", {"i": 0}, lineage=lin)
+    assert (created, created_again, again.id) == (True, False, first.id)
+    assert executions.get_execution_tree(k, parent)[1] == [first.id]
+    register_agent(k, "other", "http://127.0.0.1:9/webhook", "s", None, keep_policy=True)
+    with pytest.raises(Conflict):
+        executions.create_execution(k, "other", {"i": 0}, lineage=lin)
