@@ -87,6 +87,15 @@ def pulled(sqlite_store: SqlStore) -> Iterator[Kernel]:
     k.policy.close()  # type: ignore[attr-defined]
 
 
+@pytest.fixture
+def pulled_any(store: SqlStore) -> Iterator[Kernel]:
+    """`pulled` on each store (SQLite and the real PostgreSQL)."""
+    k = Kernel(store=store, policy=BundleResolver(store))
+    register_agent(k, AGENT, "http://127.0.0.1:9/webhook", "s3cret", None, keep_policy=True)
+    yield k
+    k.policy.close()  # type: ignore[attr-defined]
+
+
 def bundle(tmp: Path, revision: str, *, sign: str | None = "RS256", n: int = 0, scope: str | None = "prod",
            claims: dict[str, Any] | None = None, threshold: int = 1000, key_id: str | None = "release") -> Path:
     """The payments Rego bundle at `revision`, signed (or not)."""
@@ -266,20 +275,20 @@ def test_a_signed_bundle_is_refused_when_no_key_is_configured(
 
 
 def test_several_keys_are_picked_by_the_signatures_key_id(
-        pulled: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
+        pulled_any: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
     """As OPA's `keys` config: the signature's `kid` names the key it is checked with (a key
     rotation keeps the old and the new key configured), and a signature naming none is checked with
     the bundle's default key id."""
     keys = (VerificationKey(keys_for("RS256")[1], "RS256", "release-2026", "prod"),
             VerificationKey(keys_for("ES256")[1], "ES256", "release-2027", "prod"))
-    puller = BundlePuller(pulled, [source(bundle_server, keys=keys, default_key_id="release-2026")])
+    puller = BundlePuller(pulled_any, [source(bundle_server, keys=keys, default_key_id="release-2026")])
     try:
         bundle_server.publish(bundle(tmp_path, "old-key", key_id="release-2026"))
-        assert puller.poll(AGENT) and active_policy(pulled, AGENT).revision == "old-key"
+        assert puller.poll(AGENT) and active_policy(pulled_any, AGENT).revision == "old-key"
         bundle_server.publish(bundle(tmp_path, "new-key", sign="ES256", key_id="release-2027"))
-        assert puller.poll(AGENT) and active_policy(pulled, AGENT).revision == "new-key"
+        assert puller.poll(AGENT) and active_policy(pulled_any, AGENT).revision == "new-key"
         bundle_server.publish(bundle(tmp_path, "no-kid", key_id=None))  # RS256: the default key
-        assert puller.poll(AGENT) and active_policy(pulled, AGENT).revision == "no-kid"
+        assert puller.poll(AGENT) and active_policy(pulled_any, AGENT).revision == "no-kid"
         refusals = {
             "unknown-kid": (bundle(tmp_path, "unknown-kid", key_id="release-2025"), "key_unknown"),
             # The 2027 key id on a signature the 2027 key did not make (the RSA key made it).
@@ -290,7 +299,7 @@ def test_several_keys_are_picked_by_the_signatures_key_id(
             bundle_server.publish(bad)
             assert puller.poll(AGENT) is False
             assert puller.status[AGENT].last_error["reason"] == reason  # type: ignore[index]
-            assert active_policy(pulled, AGENT).revision == "no-kid"  # kept on every refusal
+            assert active_policy(pulled_any, AGENT).revision == "no-kid"  # kept on every refusal
     finally:
         puller.close()
 
@@ -305,12 +314,12 @@ def _publish_raw(srv: BundleServer, name: str, body: bytes) -> None:
 
 
 def test_a_plain_yaml_bundle_file_is_pulled_and_activated_as_yaml(
-        pulled: Kernel, bundle_server: BundleServer) -> None:
-    puller = BundlePuller(pulled, [source(bundle_server, resource="payments.yaml")])
+        pulled_any: Kernel, bundle_server: BundleServer) -> None:
+    puller = BundlePuller(pulled_any, [source(bundle_server, resource="payments.yaml")])
     try:
         _publish_raw(bundle_server, "payments.yaml", PAYMENTS_YAML.encode())
         assert puller.poll(AGENT)
-        active = active_policy(pulled, AGENT)
+        active = active_policy(pulled_any, AGENT)
         assert active.kind == "yaml" and active.content == PAYMENTS_YAML
         assert puller.poll(AGENT) and bundle_server.requests()[-1]["status"] == 304
         # A YAML bundle that does not compile, and an empty body, keep the active revision.
@@ -318,7 +327,7 @@ def test_a_plain_yaml_bundle_file_is_pulled_and_activated_as_yaml(
             _publish_raw(bundle_server, "payments.yaml", body)
             assert puller.poll(AGENT) is False
             assert puller.status[AGENT].last_error["reason"] == "load_gate"  # type: ignore[index]
-            assert active_policy(pulled, AGENT).revision == active.revision
+            assert active_policy(pulled_any, AGENT).revision == active.revision
     finally:
         puller.close()
 
@@ -335,8 +344,8 @@ def test_a_plain_yaml_bundle_is_refused_when_signatures_are_required(
 
 
 def test_a_signed_tarball_holding_a_yaml_bundle_is_verified_and_activated_as_yaml(
-        pulled: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
-    puller = BundlePuller(pulled, [source(bundle_server, keys=(release_key(),))])
+        pulled_any: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
+    puller = BundlePuller(pulled_any, [source(bundle_server, keys=(release_key(),))])
     b = tmp_path / "yaml-bundle"
     b.mkdir()
     (b / "payments.yaml").write_text(PAYMENTS_YAML)
@@ -345,12 +354,12 @@ def test_a_signed_tarball_holding_a_yaml_bundle_is_verified_and_activated_as_yam
     try:
         bundle_server.publish(b)
         assert puller.poll(AGENT)
-        active = active_policy(pulled, AGENT)
+        active = active_policy(pulled_any, AGENT)
         assert active.kind == "yaml" and active.content == PAYMENTS_YAML
         (b / "payments.yaml").write_text(PAYMENTS_YAML.replace("max_calls: 30", "max_calls: 3000"))
         bundle_server.publish(b)  # changed after signing
         assert puller.poll(AGENT) is False
         assert puller.status[AGENT].last_error["reason"] == "digest_mismatch"  # type: ignore[index]
-        assert active_policy(pulled, AGENT).revision == active.revision
+        assert active_policy(pulled_any, AGENT).revision == active.revision
     finally:
         puller.close()
