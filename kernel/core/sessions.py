@@ -72,7 +72,9 @@ def admit_next(k: Kernel, session: str) -> str | None:
         e = tx.get_execution(eid)
         if e is None or e.status != ExecutionStatus.PENDING:
             return None
-        previous = tx.latest_completed(session, e.agent_id, e.id)
+        # A fork keeps its source's previous turn (it reruns the source), queued or not.
+        previous = e.previous_execution_id if e.forked_from is not None else tx.latest_completed(
+            session, e.agent_id, e.id)
         if not tx.admit(eid, now, previous):
             return None
         _, queued = enqueue(k, tx, eid, now)

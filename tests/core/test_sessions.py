@@ -196,3 +196,21 @@ def test_asking_again_for_the_child_of_a_spawning_step_returns_the_same_child(ru
     register_agent(k, "other", "http://127.0.0.1:9/webhook", "s", None, keep_policy=True)
     with pytest.raises(Conflict):
         executions.create_execution(k, "other", {"i": 0}, lineage=lin)
+
+
+def test_a_fork_queued_behind_a_busy_session_keeps_its_sources_previous_turn(running: Running) -> None:
+    from kernel.core import forks
+
+    k = running.kernel
+    chat = Lineage(session="chat")
+    turn1 = executions.create_execution(k, "shell", "hi", lineage=chat)[0].id
+    _complete(k, turn1, output="out-1", state={"history": ["hi"]})
+    turn2 = executions.create_execution(k, "shell", "again", lineage=chat)[0].id
+    _complete(k, turn2, output="out-2")
+    busy = executions.create_execution(k, "shell", None, lineage=Lineage(session="retry"))[0].id
+    fork = forks.fork_execution(k, turn2, 0, session="retry")
+    assert (fork.status, fork.previous_execution_id) == ("pending", turn1)
+    _complete(k, busy)  # the session frees: the fork is admitted, still continuing turn 1
+    e = executions.get_execution(k, fork.id)
+    assert (e.status, e.previous_execution_id) == ("running", turn1)
+    assert sessions.previous_state(k, fork.id, "shell") == {"state": {"history": ["hi"]}, "execution_id": turn1}
