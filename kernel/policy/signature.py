@@ -271,6 +271,8 @@ def _tar_files(raw: bytes, name: str) -> dict[str, bytes]:
                 total += member.size
                 if total > MAX_BUNDLE_BYTES:
                     raise ValidationError(f"{name}: bundle is larger than {MAX_BUNDLE_BYTES} bytes")
+                if path in files:  # which copy was signed and which is loaded must never differ
+                    raise ValidationError(f"{name}: {path} appears twice in the tarball")
                 fh = tar.extractfile(member)
                 files[path] = fh.read() if fh else b""
     except (OSError, EOFError, tarfile.TarError) as exc:

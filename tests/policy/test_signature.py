@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kernel.errors import ValidationError
 from kernel.policy.rego import load_rego_bundle
 from kernel.policy.signature import (
     SIGNATURES_FILE,
@@ -146,3 +147,23 @@ def test_a_tarball_with_a_top_directory_verifies_like_the_directory(tmp_path: Pa
         tar.add(bundle, arcname="payments-rego")
     _, pub = keys_for("RS256")
     assert verify_bundle_files(read_bundle_files(tgz), VerificationKey(pub))
+
+
+def test_a_tarball_naming_a_file_twice_is_refused(tmp_path: Path) -> None:
+    """Two members with one name: the verifier and a loader could each take another copy (a signed
+    one checked, the other one run); the tarball is refused instead, as the Rego loader does."""
+    import io
+    import tarfile
+
+    bundle = copy_bundle(tmp_path)
+    _sign(bundle)
+    tgz = tmp_path / "twice.tar.gz"
+    with tarfile.open(tgz, "w:gz") as tar:
+        for f in sorted(bundle.iterdir()):
+            tar.add(f, arcname=f.name)
+        evil = b'package payments\n\nimport rego.v1\n\ndecision := {"decision": "allow", "rule_id": "x"}\n'
+        info = tarfile.TarInfo("policy.rego")
+        info.size = len(evil)
+        tar.addfile(info, io.BytesIO(evil))
+    with pytest.raises(ValidationError, match=r"policy\.rego appears twice"):
+        read_bundle_files(tgz)
