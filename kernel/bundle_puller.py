@@ -26,10 +26,12 @@ from prometheus_client.registry import Collector
 from kernel.core.kernel import Kernel
 from kernel.errors import RegentError, ValidationError
 from kernel.policy.signature import (
+    SIGNATURES_FILE,
     SignatureRefused,
     VerificationKey,
     read_bundle_files,
     verify_bundle_files,
+    yaml_bundle_file,
 )
 
 log = logging.getLogger("kernel.bundles")
@@ -239,12 +241,11 @@ def bundle_content(s: BundleSource, raw: bytes) -> tuple[str, str]:
         return "yaml", _yaml_text(raw, s.url)
     files = read_bundle_files(raw)
     verify_bundle_files(files, keys, default_key_id=s.default_key_id)  # raises SignatureRefused
-    policy = [name for name in files if name not in (".manifest", ".signatures.json")]
+    yaml_file = yaml_bundle_file(files)
+    if yaml_file is not None:
+        return "yaml", _yaml_text(files[yaml_file], f"{s.url}: {yaml_file}")
+    policy = [name for name in files if name not in (".manifest", SIGNATURES_FILE)]
     if not any(name.endswith(".rego") for name in policy):
-        yamls = [n for n in policy if n.endswith((".yaml", ".yml")) and n.rsplit("/", 1)[-1] not in
-                 ("data.yaml", "data.yml")]
-        if len(yamls) == 1 and len(policy) == 1:
-            return "yaml", _yaml_text(files[yamls[0]], f"{s.url}: {yamls[0]}")
         raise ValidationError(f"{s.url}: the tarball holds no .rego module and not exactly one YAML bundle file "
                               f"(found: {', '.join(sorted(policy)) or 'nothing'})")
     bundle = parse_rego_tarball(raw, origin=s.url)

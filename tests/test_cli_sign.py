@@ -81,3 +81,29 @@ def test_a_yaml_bundle_signed_in_its_directory_checks_and_a_change_is_refused(
     bare.write_text("rules: []\n")
     assert main(["policy", "check", str(bare), "--verify-key", pub]) == 1
     assert "carries no signature" in capsys.readouterr().err
+
+
+def test_a_signed_yaml_bundle_tarball_checks_as_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What a bundle server serves for a YAML bundle: its directory tarred, `.signatures.json` beside
+    the one YAML file. `check` verifies it and runs the YAML load gate, lints included."""
+    import tarfile
+
+    priv, pub = keys_for("RS256")
+    d = tmp_path / "payments"
+    d.mkdir()
+    (d / "payments.yaml").write_text(
+        "default_action: deny\nrules:\n  - id: ls\n    when: {target: shell, arguments: {command: {regex: ls}}}\n"
+        "    then: {decision: allow}\n")
+    assert main(["policy", "sign", str(d), "--signing-key", priv, "--key-id", "release"]) == 0
+    tgz = tmp_path / "payments.tar.gz"
+    with tarfile.open(tgz, "w:gz") as tar:
+        tar.add(d, arcname="payments")
+    capsys.readouterr()
+    assert main(["policy", "check", str(tgz), "--verify-key", pub, "--key-id", "release", "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["bundles"]
+    assert row["kind"] == "yaml" and [w["code"] for w in row["warnings"]] == ["unanchored-regex"]
+    (d / "payments.yaml").write_text((d / "payments.yaml").read_text().replace("deny", "allow", 1))
+    with tarfile.open(tgz, "w:gz") as tar:
+        tar.add(d, arcname="payments")
+    assert main(["policy", "check", str(tgz), "--verify-key", pub, "--key-id", "release"]) == 1
+    assert "digest_mismatch" in capsys.readouterr().err

@@ -70,7 +70,18 @@ def load_bundle(path: Path, rego_engine: Any, *, strict: bool = False) -> Loaded
     ``strict``: Rego bundles get the strict-mode checks and strict builtin errors; a YAML bundle's
     authoring warnings (`lints`) become load errors.
     """
-    if path.is_dir() or path.name.endswith((".tar.gz", ".tgz")):
+    yaml_text: str | None = None
+    if path.name.endswith((".tar.gz", ".tgz")):
+        from kernel.policy.signature import read_bundle_files, yaml_bundle_file
+
+        files = read_bundle_files(path)  # a tarball holding one YAML bundle (as a bundle server serves it)
+        name = yaml_bundle_file(files)
+        if name is not None:
+            try:
+                yaml_text = files[name].decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValidationError(f"{path}: {name}: a YAML bundle must be UTF-8 text") from None
+    if yaml_text is None and (path.is_dir() or path.name.endswith((".tar.gz", ".tgz"))):
         from kernel.policy.rego import compile_rego_bundle, load_rego_bundle
 
         try:
@@ -82,7 +93,7 @@ def load_bundle(path: Path, rego_engine: Any, *, strict: bool = False) -> Loaded
                             modules=modules, data=bundle.data)
     from kernel.policy.yaml import compile_yaml_bundle
 
-    text = path.read_text(encoding="utf-8")
+    text = yaml_text if yaml_text is not None else path.read_text(encoding="utf-8")
     try:
         compiled = compile_yaml_bundle(text, revision=yaml_revision(text))
     except ValidationError as exc:
