@@ -63,6 +63,9 @@ class StepRow:
     policy_hash: str = ""  # the bundle's content hash (a Rego revision may name two bundles)
     approval: Approval | None = None
     events: list[Event] = field(default_factory=list)
+    # Later decisions of the same step, (verdict, rule id): a parked step decided again when the
+    # agent is delivered back, so its row does not read rate_limited once it ran.
+    then: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -128,7 +131,9 @@ def timeline(k: Kernel, execution_id: str, after_seq: int = 0, limit: int = TIME
             rows.append(row)
         row.events.append(ev)
         verdict = _DECISIONS.get(ev.type)
-        if verdict and "rule_id" in p and not row.rule_id:
+        if verdict and "rule_id" in p and row.rule_id:
+            row.then.append((verdict, str(p["rule_id"])))
+        elif verdict and "rule_id" in p:
             row.decision = verdict
             row.rule_id = str(p["rule_id"])
             error = p.get("error")

@@ -196,3 +196,21 @@ def test_parked_dispatch_is_due_only_after_the_wait(rl_kernel: Kernel, running: 
     assert not [c for c in claim_due(k, 10) if c.execution_id == eid]
     k.clock.advance(31)  # type: ignore[attr-defined]
     assert [c for c in claim_due(k, 10) if c.execution_id == eid]
+
+
+@pytest.mark.redis
+def test_a_parked_step_reads_on_the_timeline_as_parked_then_decided(rl_kernel: Kernel, running: Running) -> None:
+    from kernel.core import timeline
+
+    k = rl_kernel
+    k.policy = limited(max_calls=1, window=20, max_wait_seconds=60)
+    eid, _, _, _ = _park(k, running)
+    k.clock.advance(31)  # type: ignore[attr-defined]
+    [claim] = [c for c in claim_due(k, 10) if c.execution_id == eid]
+    # the bucket has room again (Redis keeps real time, not the test's clock: the rule without its cap)
+    k.policy = FixedPolicy(Decision(Verdict.ALLOW, "search-cap"))
+    assert steps.submit_step(k, "shell", eid, claim.dispatch_id, claim.attempt, req()).decision == "proceed"
+    rows = [r for r in timeline.timeline(k, eid).rows if isinstance(r, timeline.StepRow)]
+    parked = next(r for r in rows if r.target == "search")
+    assert (parked.decision, parked.rule_id, parked.reason) == ("rate_limited", "search-cap", "rate_limit_exceeded")
+    assert parked.then == [("allow", "search-cap")]  # decided again once delivered back, and ran
