@@ -270,3 +270,15 @@ def test_a_session_budget_counts_the_tokens_of_every_execution_of_the_session(ke
     # Another session's execution spends from its own session's budget.
     co = leases[other]
     assert _llm_step(kernel, other, co.dispatch_id, co.attempt, OPENAI_CHAT).decision == "proceed"
+
+
+def test_a_yaml_rule_names_a_session_budget_and_a_session_rate_limit() -> None:
+    from kernel.domain import RateLimitSpec
+    from kernel.policy.yaml import compile_yaml_bundle
+
+    bundle = compile_yaml_bundle(
+        "rules:\n  - id: r\n    then: {decision: allow, budget: {max_tokens: 50, scope: session},"
+        " rate_limit: {max_calls: 3, window: 1m, per_what: session}}\n", revision="r1")
+    d = bundle.evaluate(PolicyInput(agent_id="shell", kind="llm_call", target="m", args=None, session="chat"))
+    assert d.budget == BudgetSpec(50, "deny", "session")
+    assert d.rate_limit == RateLimitSpec(3, 60.0, "session", 0.0, "allow")

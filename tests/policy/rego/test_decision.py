@@ -115,6 +115,13 @@ def test_option_defaults_match_yaml_language() -> None:
     assert d.budget == BudgetSpec(5, "deny")
 
 
+def test_session_scoped_limits_and_budgets_are_read() -> None:
+    d = decide({"decision": "allow", "rule_id": "a", "rate_limit": {"max_calls": 3, "window": "1m", "per_what": "session"},
+                "budget": {"max_tokens": 50, "scope": "session"}})
+    assert d.rate_limit == RateLimitSpec(3, 60.0, "session", 0.0, "allow")
+    assert d.budget == BudgetSpec(50, "deny", "session")
+
+
 def test_integral_float_counts_as_integer() -> None:
     assert decide(
         {"decision": "allow", "rule_id": "a", "budget": {"max_tokens": 100.0}}
