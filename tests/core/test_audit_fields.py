@@ -1,0 +1,61 @@
+"""The audit fields of issue 19 on a stored YAML bundle, on SQLite and PostgreSQL: `policy_hash`
+(SHA-256 of the bundle text) on step.allowed / step.denied / step.awaiting_approval, `reason` on
+the allowed and awaiting-approval events, `rule_id` in every denied answer."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import pytest
+
+from kernel.core import policies, steps
+from kernel.core.kernel import Kernel
+from kernel.identity import args_hash
+from kernel.policy.resolver import BundleResolver
+from tests.conftest import Running
+
+BUNDLE = """default_action: deny
+rules:
+  - id: reads
+    when: {target: read}
+    then: {decision: allow, reason: reading is fine}
+  - id: payments
+    when: {target: pay}
+    then: {decision: require_approval, reason: money moves}
+  - id: no-rm
+    when: {target: rm}
+    then: {decision: deny, reason: never delete}
+"""
+
+
+@pytest.fixture
+def governed(kernel: Kernel) -> Iterator[Kernel]:
+    resolver = BundleResolver(kernel.store)
+    kernel.policy = resolver
+    yield kernel
+    resolver.close()
+
+
+def _req(target: str) -> steps.StepRequest:
+    return steps.StepRequest(kind="tool_call", target=target, args={}, args_text="{}", args_hash=args_hash("{}"))
+
+
+def test_decision_events_carry_the_policy_hash_and_reason_and_denials_the_rule(
+        governed: Kernel, running: Running) -> None:
+    k = governed
+    policies.store_policy(k, "shell", "yaml", BUNDLE)
+    eid, did, att = running.start()
+    answers = {t: steps.submit_step(k, "shell", eid, did, att, _req(t)) for t in ("read", "rm", "other", "pay")}
+    assert {t: a.decision for t, a in answers.items()} == {
+        "read": "proceed", "rm": "denied", "other": "denied", "pay": "blocked"}
+    assert [answers[t].to_json()["rule_id"] for t in ("rm", "other")] == ["no-rm", "default"]
+    with k.store.read() as tx:
+        decided = {e.payload["target"]: (e.type, e.payload) for e in tx.list_events(eid, 0, 100)
+                   if e.type in ("step.allowed", "step.denied", "step.awaiting_approval")}
+    digest = hashlib.sha256(BUNDLE.encode()).hexdigest()
+    assert {t: typ for t, (typ, _) in decided.items()} == {
+        "read": "step.allowed", "rm": "step.denied", "other": "step.denied", "pay": "step.awaiting_approval"}
+    assert {p["policy_hash"] for _, p in decided.values()} == {digest}
+    assert (decided["read"][1]["reason"], decided["pay"][1]["reason"]) == ("reading is fine", "money moves")
+    assert decided["rm"][1]["rule_id"] == "no-rm"
