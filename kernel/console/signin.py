@@ -62,7 +62,7 @@ async def sign_in(request: Request) -> Response:
         await call(auth.token_principal, token)
     except Unauthorized:
         return page(request, None, "sign_in.html", status=401, next=nxt,
-                    error="That key or token is not valid (unknown, revoked or mistyped).")
+                    error="That key or token is not valid (unknown, revoked, expired or mistyped).")
     if auth.is_bootstrap(token):
         s = c.sessions.issue(BOOTSTRAP, c.sessions.fingerprint(token))
     else:
