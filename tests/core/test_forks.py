@@ -4,9 +4,12 @@ them), the fork-only bundle and the `__fork_effect` gate on live `at_most_once` 
 
 from __future__ import annotations
 
+import pytest
+
 from kernel.core import executions, forks, steps
 from kernel.core.dispatch import claim_due
 from kernel.core.kernel import Kernel
+from kernel.errors import ValidationError
 from kernel.identity import args_hash
 from tests.conftest import Running
 
@@ -97,3 +100,36 @@ def test_a_live_at_most_once_step_in_a_fork_needs_approval(running: Running) -> 
     with k.store.read() as tx:
         [awaiting] = [e.payload for e in tx.list_events(fork.id, 0, 100) if e.type == "step.awaiting_approval"]
     assert awaiting["rule_id"] == "__fork_effect"
+
+
+def test_a_fork_can_run_under_a_rego_bundle_of_its_own(running: Running) -> None:
+    import hashlib
+
+    from kernel.core.policies import rego_content
+    from kernel.policy.resolver import BundleResolver
+
+    k = running.kernel
+    resolver = BundleResolver(k.store)
+    k.policy = resolver
+    try:
+        src = executions.create_execution(k, "shell", None)[0].id
+        assert _run(k, src, ["t0", "t1"]) == ["proceed", "proceed"]  # no bundle of the agent's: permissive
+        module = ('package forkpol\nimport rego.v1\n'
+                  'decision := {"decision": "deny", "rule_id": "no-t1", "reason": "not in the fork"} '
+                  'if input.target == "t1"\n')
+        content = rego_content({"modules": {"fork.rego": module}, "data": {}, "manifest": {
+            "revision": "fork-1", "roots": ["forkpol"],
+            "metadata": {"regent": {"entrypoint": "forkpol/decision", "default_action": "allow"}}}})
+        fork = forks.fork_execution(k, src, 0, bundle=forks.ForkBundle("rego", content))
+        assert _run(k, fork.id, ["t0", "t1"]) == ["proceed", "denied"]
+        with k.store.read() as tx:
+            [denied] = [e.payload for e in tx.list_events(fork.id, 0, 100) if e.type == "step.denied"]
+            [forked] = [e.payload for e in tx.list_events(fork.id, 0, 100) if e.type == "execution.forked"]
+        assert (denied["rule_id"], denied["policy_kind"], denied["policy_revision"]) == ("no-t1", "rego", "fork-1")
+        assert denied["policy_hash"] == hashlib.sha256(content.encode()).hexdigest()
+        assert forked["policy_revision"] == "fork-1"
+        with pytest.raises(ValidationError):  # the load gate: a module that does not compile
+            forks.fork_execution(k, src, 0, bundle=forks.ForkBundle("rego", rego_content(
+                {"modules": {"bad.rego": "package x\nthis is not rego"}})))
+    finally:
+        resolver.close()
