@@ -323,3 +323,14 @@ def test_coverage_of_unit_tests_survives_a_test_that_crashes_the_engine(
     assert files[str(b / "field_test.rego")]["covered"] == [{"start": {"row": 4}, "end": {"row": 5}}]
     assert files[str(b / "crash_test.rego")]["not_covered"] == [{"start": {"row": 4}, "end": {"row": 5}}]
     assert "errors" not in report["line_coverage"]  # the crashed test is not measured again
+
+
+def test_junit_names_nameless_cases_apart_as_the_pretty_format_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two cases without a name on one target were both `ls` in JUnit (a CI tool merges them).
+    (tmp_path / "b.yaml").write_text(BUNDLE)
+    (tmp_path / "b.policytest.yaml").write_text(
+        "cases:\n  - {target: ls, args: {dir: a}, expect: allow}\n  - {target: ls, args: {dir: b}, expect: allow}\n")
+    assert main(["policy", "test", str(tmp_path / "b.yaml"), "--format", "junit"]) == 0
+    root = ET.fromstring(capsys.readouterr().out.split("\n", 1)[1])
+    assert [c.get("name") for c in root.iter("testcase")] == ['ls {"dir":"a"}', 'ls {"dir":"b"}']

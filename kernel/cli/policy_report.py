@@ -167,7 +167,7 @@ def render_junit(run: Run) -> str:
 
 
 def _case_element(suite: ET.Element, bundle: Path, source: str, x: CaseResult) -> None:
-    tc = ET.SubElement(suite, "testcase", classname=bundle.stem, name=x.case.name or x.case.target,
+    tc = ET.SubElement(suite, "testcase", classname=bundle.stem, name=_label(x, True),
                        time=f"{x.seconds:.6f}")
     if source:
         tc.set("file", source)
