@@ -224,7 +224,7 @@ class BundlePuller:
 def bundle_content(s: BundleSource, raw: bytes) -> tuple[str, str]:
     """(kind, stored content) of a downloaded bundle, its signature checked first.
 
-    A gzip body is a tarball in OPA's layout: a Rego bundle, or a YAML bundle when it holds no
+    A gzip (or plain tar) body is a tarball in OPA's layout: a Rego bundle, or a YAML bundle when it holds no
     `.rego` module and exactly one YAML file other than `data.yaml` (beside an optional
     `.manifest` and `.signatures.json`), so a YAML bundle can be signed as a Rego one is. Any
     other body is a plain YAML bundle file, which cannot carry a signature: with a verification
@@ -234,7 +234,9 @@ def bundle_content(s: BundleSource, raw: bytes) -> tuple[str, str]:
     from kernel.policy.rego import parse_rego_tarball
 
     keys = list(s.keys) or None
-    if raw[:2] != b"\x1f\x8b":
+    # A plain tar is a tarball too: a server sending the .tar.gz with `Content-Encoding: gzip` has it
+    # decoded on the way in. Anything else that is not gzip is a YAML bundle file.
+    if raw[:2] != b"\x1f\x8b" and raw[257:262] != b"ustar":
         if keys:
             raise SignatureRefused("signature_missing", "the body is a plain YAML bundle, which cannot carry a "
                                    "signature, and a verification key is configured (serve it in a signed .tar.gz)")

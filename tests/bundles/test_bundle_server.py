@@ -363,3 +363,24 @@ def test_a_signed_tarball_holding_a_yaml_bundle_is_verified_and_activated_as_yam
         assert active_policy(pulled_any, AGENT).revision == active.revision
     finally:
         puller.close()
+
+
+def test_a_tarball_that_arrives_decompressed_is_still_a_tarball(
+        pulled: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
+    """A server that sends the .tar.gz with `Content-Encoding: gzip` has it decoded by the client:
+    the body is then a plain tar, which must not be taken for a YAML bundle file."""
+    import io
+
+    b = bundle(tmp_path, "plain-tar", sign=None)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:") as tar:
+        for f in sorted(b.rglob("*")):
+            if f.is_file():
+                tar.add(f, arcname=f.relative_to(b).as_posix())
+    _publish_raw(bundle_server, f"{AGENT}.tar.gz", buf.getvalue())
+    puller = BundlePuller(pulled, [source(bundle_server)])
+    try:
+        assert puller.poll(AGENT), puller.status[AGENT].last_error
+        assert active_policy(pulled, AGENT).kind == "rego" and active_policy(pulled, AGENT).revision == "plain-tar"
+    finally:
+        puller.close()
