@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from kernel.api import errors, schema
 from kernel.api.auth import Authenticator
+from kernel.api.hot import KernelApp
 from kernel.api.metrics import ApiMetrics, ReplayCollector
 from kernel.api.routes import admin, agent, audit, client, ops, policies, shadow, stream
 from kernel.core.kernel import Kernel
@@ -44,7 +45,7 @@ def create_app(
             for stop in reversed(stops):
                 await stop()
 
-    app = FastAPI(title="Regent", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = KernelApp(title="Regent", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.kernel = kernel
     app.state.auth = Authenticator(
         kernel, bearer_token=bearer_token, dev=dev, max_body_bytes=max_body_bytes,

@@ -67,7 +67,8 @@ class LeanRoute(APIRoute):
     and the Request, parses its own body and returns a Response, so FastAPI's per-request
     dependency solving, parameter validation and exit stacks have nothing to do; on a step round
     trip they were about a fifth of the event loop's CPU (bench/README.md). Exceptions reach the
-    app's handlers exactly as from any route.
+    app's handlers exactly as from any route. In the app they are served ahead of the middleware
+    stack (kernel/api/hot.py `HotRoutes`); the route itself serves them only under a root path.
     """
 
     def __init__(self, path: str, endpoint: Callable[..., Awaitable[Response]], **kwargs: Any):
