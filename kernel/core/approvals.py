@@ -17,11 +17,14 @@ from kernel.domain import (
     DecisionOutcome,
     DecisionRecord,
     EventType,
+    Execution,
     ExecutionStatus,
     StepStatus,
 )
 from kernel.errors import Conflict, Forbidden, NotFound
 from kernel.store import Tx
+
+_MAX_ANCESTORS = 100  # how far up the sub-agent tree the self-approval check looks
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +108,7 @@ def decide_approval(
         if e is None or e.status.is_terminal:
             raise Conflict("conflict: execution is terminal")
         if principal.key_id is not None:
-            _refuse_self_approval(tx, e.created_by, principal)
+            _refuse_self_approval(tx, e, principal)
         s = tx.get_step(a.step_id)
         kind, target = (s.kind, s.target) if s else ("", None)
         status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
@@ -139,18 +142,25 @@ def _denial(reason: str, a: Approval) -> dict[str, str]:
     return {"reason": reason, "rule_id": a.rule_id} if a.rule_id else {"reason": reason}
 
 
-def _refuse_self_approval(tx: Tx, created_by: str | None, principal: Principal) -> None:
+def _refuse_self_approval(tx: Tx, e: Execution, principal: Principal) -> None:
     """The key that created an execution may not decide its approvals, nor may another key of
-    the same name: the name is the decider the record keeps, so a second key minted under it
-    would otherwise approve its holder's own steps."""
-    if created_by is None or created_by in (Credential.BOOTSTRAP.value, Credential.DEV.value):
-        return
-    if created_by == principal.key_id:
-        raise Forbidden("forbidden: the key that created an execution may not approve its steps")
-    creator = tx.get_api_key(created_by)
-    if creator is not None and creator.name == principal.name:
-        raise Forbidden(f'forbidden: "{principal.name}" created this execution (with another key of that name) '
-                        "and may not approve its steps")
+    the same name (the name is the decider the record keeps, so a second key minted under it
+    would otherwise approve its holder's own steps), nor either of them for a sub-agent's
+    execution under one it created (the child's steps are still its work)."""
+    at: Execution | None = e
+    for depth in range(_MAX_ANCESTORS):
+        if at is None:
+            return
+        whose = "this execution" if depth == 0 else f"an ancestor of this execution ({at.id})"
+        created_by = at.created_by
+        if created_by is not None and created_by not in (Credential.BOOTSTRAP.value, Credential.DEV.value):
+            if created_by == principal.key_id:
+                raise Forbidden(f"forbidden: this key created {whose} and may not approve its steps")
+            creator = tx.get_api_key(created_by)
+            if creator is not None and creator.name == principal.name:
+                raise Forbidden(f'forbidden: "{principal.name}" created {whose} (with another key of that name) '
+                                "and may not approve its steps")
+        at = tx.get_execution(at.parent_execution_id) if at.parent_execution_id else None
 
 
 def _record(

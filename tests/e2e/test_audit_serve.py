@@ -300,6 +300,26 @@ def test_another_key_with_the_creators_name_cannot_approve_its_steps_either(serv
         assert c.post(f"/v0/approvals/{aid}/grant", json={}).status_code == 204
 
 
+def test_the_key_that_created_a_parent_cannot_approve_its_sub_agents_steps(served: Served) -> None:
+    creator = _route_key(served, "cfo", "executions:write", "approvals:write")
+    parent, _, _ = served.start(token=creator["token"])
+    with served.http() as c:  # the sub-agent's execution, created by another credential
+        r = c.post("/v0/executions", json={"agent_id": "payer", "input": {}, "parent_execution_id": parent})
+        assert r.status_code == 201, r.text
+        child = r.json()["id"]
+    did, att = served.hook.lease_for(child)
+    served.agent.lease(did, att)
+    r = served.agent.submit(child, "payments.send", {"amount": 1500, "to": "acme"})
+    assert r.json()["decision"] == "blocked", r.text
+    aid = r.json()["approval_id"]
+    with served.http(creator["token"]) as c:
+        r = c.post(f"/v0/approvals/{aid}/grant", json={})
+        assert r.status_code == 403 and "an ancestor of this execution" in r.json()["message"], r.text
+    other = _route_key(served, "treasury-oncall", "approvals:write")
+    with served.http(other["token"]) as c:
+        assert c.post(f"/v0/approvals/{aid}/grant", json={}).status_code == 204
+
+
 def test_an_auditor_key_fetches_the_bundle_behind_a_decision(served: Served) -> None:
     with served.http() as c:  # the policy of the module (a Rego test may have replaced it)
         assert c.post("/v0/policies/payer", json={"bundle": POLICY}).status_code == 204
