@@ -85,6 +85,9 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": schema}}}
 
 
+_COMPONENTS: dict[str, Any] = {}  # the nested body models `operation` met, by name
+
+
 def operation(
     body: type[BaseModel] | None = None,
     *,
@@ -105,7 +108,10 @@ def operation(
         "5XX": {"description": "the error envelope", **_json(ERROR)},
     }}
     if body is not None:
-        schema = body.model_json_schema()
+        # Nested models are referenced from the document's components (a "#/$defs/…" reference
+        # would not resolve inside an OpenAPI document, and a fuzzer would skip those parts).
+        schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
+        _COMPONENTS.update(schema.pop("$defs", {}))
         for name, extra in (overrides or {}).items():
             schema["properties"][name] = {**schema["properties"][name], **extra}
         out["requestBody"] = {"required": body_required, **_json(schema)}
@@ -139,9 +145,10 @@ def install(app: FastAPI) -> None:
                 for param in op.get("parameters", []):
                     if param["in"] == "path" and param["name"] in _UUID_PARAMS:
                         param["schema"] = {**param["schema"], "format": "uuid"}
-        schemas = doc.get("components", {}).get("schemas", {})
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)
+        schemas.update(_COMPONENTS)
         if not schemas:
             doc.get("components", {}).pop("schemas", None)
         doc.setdefault("components", {})["securitySchemes"] = {

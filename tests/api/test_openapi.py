@@ -87,3 +87,24 @@ def test_the_session_sub_agent_and_fork_answers_are_described(doc: dict[str, Any
     assert answer("get", "/v0/executions/{execution_id}/previous")["required"] == ["state"]
     point = answer("get", "/v0/executions/{execution_id}/fork-points")["items"]
     assert {"event_seq", "steps", "covered", "resources"} <= set(point["properties"])
+
+
+def test_every_reference_resolves_inside_the_document(doc: dict[str, Any]) -> None:
+    refs: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                refs.append(node["$ref"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc["paths"])
+    assert refs, "the nested body models (spawned_by, captures, …) are referenced"
+    schemas = doc["components"]["schemas"]
+    for ref in refs:
+        assert ref.startswith("#/components/schemas/") and ref.rsplit("/", 1)[1] in schemas, ref
+    assert {"SpawnedBy", "CaptureBody", "CaptureFailureBody", "BacktestScope"} <= set(schemas)
