@@ -348,6 +348,15 @@ def test_a_long_value_is_collapsed_and_opens_to_the_whole_of_it(ck: ConsoleKerne
     assert pre.is_visible() and text.strip() in pre.inner_text()
 
 
+def test_a_long_unbroken_value_wraps_instead_of_widening_the_page(ck: ConsoleKernel, page: Any) -> None:
+    # what an agent sends is not ours to shape: 20 000 characters without a space
+    eid = ck.run("ops", [{"tool": "note", "args": {"memo": "x" * 20_000}}], "completed")
+    page.set_viewport_size({"width": 1024, "height": 800})  # a laptop's window; the preview alone is ~900 px
+    page.goto(f"{ck.url}/console/executions/{eid}")
+    page.locator("tr.step").first.wait_for()
+    assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"]
+
+
 def test_a_denied_step_is_found_by_the_audit_search_and_is_in_both_exports(ck: ConsoleKernel, page: Any) -> None:
     eid = ck.run("ops", [LS, DELETE], "completed")
     page.goto(f"{ck.url}/console/audit")

@@ -169,6 +169,7 @@ def test_a_bootstrap_decision_is_shown_as_asserted_wherever_the_decider_appears(
     shot(page, "approvals-resolved")
     page.goto(f"{k.url}/console/executions/{eid}")
     assert page.locator(".approval .credential").inner_text() == "asserted with the bootstrap token"
+    assert "approvers oncall, release by oncall asserted" in page.locator(".approval").inner_text()  # spaced
     page.goto(f"{k.url}/console/audit?execution_id={eid}&decision=approval_denied")
     [record] = page.locator("tr.decision-row").all()
     assert record.locator(".decided-by").inner_text() == "oncall"
