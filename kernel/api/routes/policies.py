@@ -23,7 +23,9 @@ from kernel.errors import Forbidden, ValidationError
 from kernel.policy.replay import result_json
 
 router = APIRouter()
-_MAX_SEQ = 2**63 - 1  # a revision seq is a 64-bit column: a larger one is a 400, not a driver overflow
+# A revision seq is an INTEGER column (32-bit on PostgreSQL): a larger one is a 400, not a driver
+# overflow (docs/api.md, "Bounds"; 2^63 - 1 here let 2^31 … 2^63 - 1 reach PostgreSQL, a 500).
+_MAX_SEQ = 999_999_999
 
 
 class StoreBody(Strict):
