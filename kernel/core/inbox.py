@@ -27,7 +27,9 @@ class Inbox:
 
 def inbox(k: Kernel, resolved_limit: int = 50) -> Inbox:
     with k.store.read() as tx:
-        pending = tx.list_approvals("pending")
+        # One more than is shown, to know there are more: a runaway agent's thousands of pending
+        # approvals (each with its step's args) are not all read to draw the oldest 200.
+        pending = tx.list_approvals("pending", limit=INBOX_LIMIT + 1)
         resolved = tx.recently_decided_approvals(resolved_limit)
         shown = pending[:INBOX_LIMIT]
         agents: dict[str, str] = {}

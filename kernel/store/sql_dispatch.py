@@ -179,8 +179,10 @@ class DispatchQueries:
         return codec.to_approval(r) if r else None
 
     def list_approvals(
-        self, status: str | None, execution_id: str | None = None, agent_id: str | None = None
+        self, status: str | None, execution_id: str | None = None, agent_id: str | None = None,
+        limit: int | None = None,
     ) -> list[Approval]:
+        """Oldest first; `limit` bounds what is read (each row carries its step's args)."""
         q = self._approvals_with_args()
         if status is not None:
             q = q.where(t.approvals.c.status == status)
@@ -189,6 +191,8 @@ class DispatchQueries:
         if agent_id is not None:
             q = q.where(t.approvals.c.agent_id == agent_id)
         q = q.order_by(t.approvals.c.created_at, t.approvals.c.id)
+        if limit is not None:
+            q = q.limit(limit)
         return [codec.to_approval(r) for r in self.conn.execute(q).all()]
 
     def recently_decided_approvals(self, limit: int) -> list[Approval]:

@@ -185,3 +185,23 @@ def test_a_range_reaching_back_before_the_oldest_record_marks_no_hours_before_it
         assert tx.rollup_hours(datetime(1970, 1, 1, tzinfo=UTC), clock.now()) == {since, since + timedelta(hours=1)}
     far = decisions.count_decisions(kernel, DecisionQuery(), since, datetime(9999, 12, 31, tzinfo=UTC))
     assert sum(sum(b.values()) for b in far.buckets) == 2
+
+
+def test_the_inbox_reads_only_the_oldest_pending_approvals_it_shows_and_says_there_are_more(
+    kernel: Kernel, running: Running, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernel.core import inbox
+    from kernel.domain import ApprovalConfig
+
+    monkeypatch.setattr(inbox, "INBOX_LIMIT", 3)
+    kernel.policy = FixedPolicy(Decision(Verdict.REQUIRE_APPROVAL, "ask", approval=ApprovalConfig(("alice",))))
+    asked = []
+    for i in range(5):
+        eid, did, att = running.start()
+        asked.append(steps.submit_step(kernel, "shell", eid, did, att, req(target=f"pay_{i}")).approval_id)
+        clock.advance(1)
+    box = inbox.inbox(kernel)
+    assert [it.approval.id for it in box.pending] == asked[:3] and box.more_pending  # oldest first
+    monkeypatch.setattr(inbox, "INBOX_LIMIT", 5)
+    box = inbox.inbox(kernel)
+    assert [it.approval.id for it in box.pending] == asked and not box.more_pending
