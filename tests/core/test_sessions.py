@@ -214,3 +214,15 @@ def test_a_fork_queued_behind_a_busy_session_keeps_its_sources_previous_turn(run
     e = executions.get_execution(k, fork.id)
     assert (e.status, e.previous_execution_id) == ("running", turn1)
     assert sessions.previous_state(k, fork.id, "shell") == {"state": {"history": ["hi"]}, "execution_id": turn1}
+
+
+def test_a_failed_or_cancelled_turn_is_never_the_previous_one(running: Running) -> None:
+    k = running.kernel
+    chat = Lineage(session="chat-3")
+    ids = [executions.create_execution(k, "shell", i, lineage=chat)[0].id for i in range(4)]
+    _complete(k, ids[0], output="out-0", state={"turns": 1})
+    c = _claim(k, ids[1])
+    executions.finish_execution(k, "shell", ids[1], c.dispatch_id, c.attempt, error="agent_error: boom", failed=True)
+    executions.cancel_execution(k, ids[2])
+    assert executions.get_execution(k, ids[3]).previous_execution_id == ids[0]
+    assert sessions.previous_state(k, ids[3], "shell") == {"state": {"turns": 1}, "execution_id": ids[0]}
