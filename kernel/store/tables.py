@@ -48,6 +48,36 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
+    # SQLite keeps these as text in SQLAlchemy's DATETIME storage format, `YYYY-MM-DD
+    # HH:MM:SS.ffffff`. The chain above (our processor, then the dialect's: a %-format of a dict
+    # one way, `fromisoformat` then `replace` the other) cost ~2.4 and ~0.9 µs a value, a dozen
+    # binds and twenty results per step round trip; these give the same text and values in ~1
+    # and ~0.1 µs, and hand anything else to the chain.
+    def bind_processor(self, dialect: Any) -> Any:
+        chain = super().bind_processor(dialect)
+        if dialect.name != "sqlite" or chain is None:
+            return chain
+
+        def process(value: Any) -> Any:
+            if value.__class__ is datetime and value.tzinfo is UTC:
+                return value.isoformat(" ", "microseconds")[:26]  # without its "+00:00"
+            return chain(value)
+
+        return process
+
+    def result_processor(self, dialect: Any, coltype: Any) -> Any:
+        chain = super().result_processor(dialect, coltype)
+        if dialect.name != "sqlite" or chain is None:
+            return chain
+        parse = datetime.fromisoformat
+
+        def process(value: Any) -> Any:
+            if value.__class__ is str and len(value) == 26 and value[19] == ".":  # the storage format
+                return parse(value + "+00:00")  # tzinfo is then the UTC singleton, as replace gives
+            return chain(value)
+
+        return process
+
 
 def _ts(nullable: bool = False, index: bool = False) -> Any:
     return Field(sa_column=Column(UTCDateTime(), nullable=nullable, index=index))
