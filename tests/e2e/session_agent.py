@@ -3,8 +3,8 @@
 - `chat`: one turn of a conversation. Reads `rebuno.previous()`, appends the input to the history
   and returns `Result(output=…, state={"history": …})`.
 - `orchestrator`: runs `input["children"]` sub-agents at once (SDK `subagent()`, three tool calls
-  gathered), each a child execution of `input["child_agent"]`; the execution suspends while they
-  run and its rerun replays their outputs.
+  gathered), each a child execution of `input["child_agent"]` (in `input["child_session"]` when
+  given); the execution suspends while they run and its rerun replays their outputs.
 - `child`: returns `{"echo": input}` after `input.get("sleep", 0)` seconds (a `sleep` of -1 waits
   until cancelled).
 - `steps`: runs `input["steps"]` tools in order (`step-0`, `step-1`, …), catching policy denials;
@@ -41,11 +41,11 @@ async def chat(input: Any) -> rebuno.Result:
     return rebuno.Result(output={"turn": len(history), "seen": history[:-1]}, state={"history": history})
 
 
-def _spawner(i: int, child_agent: str, child_input: Any) -> Any:
+def _spawner(i: int, child_agent: str, child_input: Any, session: str = "") -> Any:
     async def spawn() -> Any:
         _append(EFFECTS, f"{rebuno.execution().id} spawn-{i}")
         async with rebuno.Client(base_url=KERNEL) as client:
-            return await rebuno.subagent(child_agent, child_input, client=client)
+            return await rebuno.subagent(child_agent, child_input, session=session, client=client)
 
     return spawn
 
@@ -54,7 +54,8 @@ async def orchestrator(input: Any) -> dict[str, Any]:
     ctx = rebuno.execution()
     log("orchestrator", execution_id=ctx.id, attempt=ctx.dispatch_attempt)
     calls = [
-        ctx.invoke_tool(f"spawn-{i}", {"i": i}, run=_spawner(i, input["child_agent"], {"i": i, **input.get("child", {})}))
+        ctx.invoke_tool(f"spawn-{i}", {"i": i}, run=_spawner(i, input["child_agent"], {"i": i, **input.get("child", {})},
+                                                             input.get("child_session", "")))
         for i in range(int(input["children"]))
     ]
     results = await asyncio.gather(*calls)

@@ -229,3 +229,19 @@ def test_a_fork_whose_at_most_once_repeat_is_denied_tells_the_agent_the_rule(ker
     assert out["output"] == {"results": ["did 0", {"denied": "__fork_effect"}, "did 2"]}
     five = next(a for a in kernel.agents if a.port == kernel.ports["five"])
     assert [line.split()[1] for line in five.effect_lines() if line.startswith(fork.id)] == ["step-2"]
+
+
+def test_sub_agents_started_in_one_session_continue_one_conversation(kernel: DevKernel) -> None:
+    # SDK subagent(session=…): each boss spawns one chat child in "sub-conv"; the second child
+    # reads the first one's state.
+    outs = []
+    for _ in range(2):
+        boss = _sdk(kernel, lambda client: client.create(
+            "boss", {"children": 1, "child_agent": "chat", "child_session": "sub-conv"}))
+        outs.append(kernel.api.wait_status(boss.id, "completed", "failed", timeout=60))
+    assert [o["status"] for o in outs] == ["completed", "completed"], outs
+    assert [o["output"] for o in outs] == [{"children": [{"turn": 1, "seen": []}]},
+                                           {"children": [{"turn": 2, "seen": [{"i": 0}]}]}]
+    kids = [kernel.api.get(o["children"][0]) for o in outs]
+    assert [k["session"] for k in kids] == ["sub-conv", "sub-conv"]
+    assert kids[1]["previous_execution_id"] == kids[0]["id"]
