@@ -50,7 +50,31 @@ def start_or_queue(k: Kernel, tx: Tx, e: Execution, now: datetime, extra: list[e
                      previous_execution_id=previous),
         queued,
     ])
+    if previous is not None:
+        _inherit_resources(tx, previous, e.id, now)
     return e
+
+
+def _inherit_resources(tx: Tx, previous: str, execution_id: str, now: datetime) -> None:
+    """A session turn starts with its previous turn's resources: their registrations and bindings,
+    so the agent reopens the same resource; generations, counts and checkpoints are the turn's
+    own (generation 0, not covered until a capture). docs/api.md, "Resources and checkpoints"."""
+    rows = tx.list_resources(previous)
+    if not rows:
+        return
+    base = tx.last_event_seq(execution_id)
+    out: list[ev.Ev] = []
+    for i, r in enumerate(rows):
+        tx.insert_resource({
+            "execution_id": execution_id, "key": r.key, "driver_id": r.driver_id, "configuration": r.configuration,
+            "coverage_reuse": r.coverage_reuse, "every_steps": r.every_steps, "on_completion": r.on_completion,
+            "generation": 0, "binding": r.binding, "checkpoint_ref": None, "covered": False,
+            "steps_since_capture": 0, "created_at": now, "registered_seq": base + i + 1,
+        })
+        out.append((EventType.RESOURCE_REGISTERED.value, {
+            "key": r.key, "driver_id": r.driver_id, "generation": 0, "every_steps": int(r.every_steps),
+            "on_completion": bool(r.on_completion), "inherited_from": previous}))
+    tx.append(execution_id, now, out)
 
 
 def _replace(e: Execution, **changes: Any) -> Execution:
@@ -82,6 +106,8 @@ def admit_next(k: Kernel, session: str) -> str | None:
             ev.execution(EventType.EXECUTION_STARTED, eid, ExecutionStatus.RUNNING, previous_execution_id=previous),
             queued,
         ])
+        if previous is not None and e.forked_from is None:  # a fork has its own restored resources
+            _inherit_resources(tx, previous, eid, now)
         return eid
 
 

@@ -71,3 +71,43 @@ def test_a_driver_with_coverage_reuse_restores_an_older_checkpoint_reported_not_
                                   "b": {"covered": True, "checkpoint_ref": "b0", "generation": 0}}
     points = forks.fork_points(k, eid)
     assert points[-1]["resources"] == {"a": False, "b": False}  # the captures failed
+
+
+def test_a_session_turn_inherits_its_previous_turns_resources_and_bindings(running: Running) -> None:
+    from kernel.core.executions import Lineage
+
+    k = running.kernel
+    chat = Lineage(session="sandboxed")
+    turn1, turn2, turn3 = (executions.create_execution(k, "shell", i, lineage=chat)[0].id for i in range(3))
+    c1 = next(c for c in claim_due(k, 100) if c.execution_id == turn1)
+    resources.register(k, "shell", turn1, c1.dispatch_id, c1.attempt,
+                       resources.Registration("box", "dir", every_steps=1, on_completion=True))
+    resources.bind(k, "shell", turn1, c1.dispatch_id, c1.attempt, "box", {"path": "/tmp/box-1"})
+    a = steps.submit_step(k, "shell", turn1, c1.dispatch_id, c1.attempt, _req("t0", "box"))
+    steps.record_outcome(k, "shell", turn1, str(a.step_id), c1.dispatch_id, c1.attempt, result=1,
+                         captures=[resources.Capture("box", 1, "snap-1")])
+    executions.finish_execution(k, "shell", turn1, c1.dispatch_id, c1.attempt, output="one")
+    # Admitted now: the same box (registration and binding), its own generations, not covered yet.
+    c2 = next(c for c in claim_due(k, 100) if c.execution_id == turn2)
+    view = resources.register(k, "shell", turn2, c2.dispatch_id, c2.attempt,
+                              resources.Registration("box", "dir", every_steps=1, on_completion=True))
+    assert (view["binding"], view["generation"], view["covered"], view["checkpoint_ref"]) == (
+        {"path": "/tmp/box-1"}, 0, False, "")
+    with k.store.read() as tx:
+        [registered] = [e.payload for e in tx.list_events(turn2, 0, 100) if e.type == "resource.registered"]
+    assert (registered["key"], registered["inherited_from"]) == ("box", turn1)
+    assert forks.fork_points(k, turn2)[0]["covered"] is True  # registered after seq 0
+    # Turn 3 inherits from turn 2, which inherited the box: still the same binding.
+    executions.finish_execution(k, "shell", turn2, c2.dispatch_id, c2.attempt, output="two")
+    c3 = next(c for c in claim_due(k, 100) if c.execution_id == turn3)
+    assert resources.list_views(k, turn3, "shell")[0]["binding"] == {"path": "/tmp/box-1"}
+    assert c3.attempt == 1
+
+
+def test_a_turn_without_a_previous_one_or_outside_a_session_starts_with_no_resources(running: Running) -> None:
+    from kernel.core.executions import Lineage
+
+    k = running.kernel
+    first = executions.create_execution(k, "shell", None, lineage=Lineage(session="fresh"))[0].id
+    alone = executions.create_execution(k, "shell", None)[0].id
+    assert resources.list_views(k, first, "shell") == resources.list_views(k, alone, "shell") == []

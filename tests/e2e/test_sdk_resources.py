@@ -114,3 +114,18 @@ def test_resource_routes_refuse_bad_input_with_the_error_envelope(kernel: DevKer
     r = agent.lease("0190d1a4-0000-7000-8000-000000000000", 1).request(
         "POST", f"/v0/executions/{src.id}/resources", {"key": "box", "driver_id": "dir"})
     assert r.status_code == 409, r.text
+
+
+def test_a_session_turn_reopens_the_box_its_previous_turn_bound(kernel: DevKernel) -> None:
+    async def turns(client: rebuno.Client) -> list[rebuno.Execution]:
+        return [await client.create("box", {"steps": n}, session="box-chat") for n in (2, 1)]
+
+    first, second = _sdk(kernel, turns)
+    assert kernel.api.wait_status(first.id, "completed", timeout=60)["output"] == {"log": ["step-0", "step-1"]}
+    # The same directory, reopened from the inherited binding: the second turn's line follows the first's.
+    out = kernel.api.wait_status(second.id, "completed", timeout=60)
+    assert out["output"] == {"log": ["step-0", "step-1", "step-0"]}
+    [box] = kernel.api.http.get(f"/v0/executions/{second.id}/resources").json()
+    assert (box["generation"], box["covered"]) == (1, True)  # its own generations and captures
+    types = [t for t in kernel.api.types(second.id) if t.startswith("resource.")]
+    assert types[0] == "resource.registered" and "resource.bound" not in types
