@@ -257,7 +257,13 @@ def canonical_json(raw: bytes | str | None) -> str:
 
 def args_hash(raw: bytes | str | None) -> str:
     """SHA-256 hex of the canonical text of `raw`."""
-    return hashlib.sha256(canonical_json(raw).encode("utf-8")).hexdigest()
+    return canonical_hash(canonical_json(raw))
+
+
+def canonical_hash(text: str) -> str:
+    """`args_hash` of a text `canonical_json` returned, without canonicalising it again (a
+    canonical text is its own canonical text): the submit route has just made it."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 # -- step ids --------------------------------------------------------------------------------------

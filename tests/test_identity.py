@@ -24,6 +24,7 @@ from kernel.identity import (
     MAX_DEPTH,
     _canonical_exact,
     args_hash,
+    canonical_hash,
     canonical_json,
     new_uuid7,
     parse_uuid,
@@ -111,6 +112,12 @@ def test_canonical_text_is_a_fixed_point() -> None:
     """Canonicalising a canonical text changes nothing (replays recompute the same ids)."""
     for v in ARGS:
         assert canonical_json(v["canonical"]) == v["canonical"], v["id"]
+
+
+def test_canonical_hash_is_the_args_hash_of_canonical_text() -> None:
+    """The submit route hashes the text it canonicalised with `canonical_hash` (one pass, not two)."""
+    for v in ARGS:
+        assert canonical_hash(canonical_json(_raw(v))) == v["args_hash"], v["id"]
 
 
 # -- the fast path and the exact parser agree ------------------------------------------------------

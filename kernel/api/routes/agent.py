@@ -33,7 +33,7 @@ from kernel.api.render import JSONResponse, execution_json, step_json
 from kernel.core import executions, resources, sessions, steps
 from kernel.domain import StepKind
 from kernel.errors import Forbidden, ValidationError
-from kernel.identity import args_hash, canonical_json
+from kernel.identity import canonical_hash, canonical_json
 
 router = APIRouter()
 
@@ -155,7 +155,7 @@ async def submit_step(execution_id: str, request: Request) -> Response:
         target=body.target,
         args=json.loads(text),
         args_text=text,
-        args_hash=args_hash(text),
+        args_hash=canonical_hash(text),
         idempotency=body.idempotency,
         resources=tuple(dict.fromkeys(body.resources or ())),
     )
