@@ -22,6 +22,7 @@ from kernel.core.agents import register_agent
 from kernel.core.dispatch import claim_due
 from kernel.core.executions import create_execution
 from kernel.core.kernel import Kernel
+from kernel.policy.resolver import BundleResolver
 from kernel.store import SqlStore, open_store
 from kernel.store import tables as t
 from kernel.store.migrations import migrate
@@ -113,6 +114,15 @@ def clock() -> ManualClock:
 @pytest.fixture
 def kernel(store: SqlStore, clock: ManualClock) -> Kernel:
     return Kernel(store=store, clock=clock)
+
+
+@pytest.fixture
+def governed(kernel: Kernel) -> Iterator[Kernel]:
+    """The kernel deciding by its agents' stored bundles (the bundle resolver), as a server does."""
+    resolver = BundleResolver(kernel.store)
+    kernel.policy = resolver
+    yield kernel
+    resolver.close()
 
 
 class Running:

@@ -11,15 +11,9 @@ from kernel.core import policies
 from kernel.core.kernel import Kernel
 from kernel.errors import ConfigError
 from kernel.manifest import load_manifest, provision
-from kernel.policy.resolver import BundleResolver
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-@pytest.fixture
-def governed(kernel: Kernel) -> Kernel:
-    kernel.policy = BundleResolver(kernel.store)
-    return kernel
 
 
 def _manifest(tmp: Path, body: str) -> Path:

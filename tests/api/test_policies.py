@@ -6,7 +6,6 @@ import httpx
 import pytest
 
 from kernel.core.kernel import Kernel
-from kernel.policy.resolver import BundleResolver
 from tests.conftest import Running
 from tests.support import AgentClient, ServerThread
 
@@ -28,11 +27,6 @@ rules:
       approval_config: {approvers: [alice], timeout: 5m}
 """
 
-
-@pytest.fixture
-def governed(kernel: Kernel) -> Kernel:
-    kernel.policy = BundleResolver(kernel.store)
-    return kernel
 
 
 def _post(server: ServerThread, agent: str, bundle: str) -> httpx.Response:

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from kernel.core.kernel import Kernel
-from kernel.policy.resolver import BundleResolver
 from tests.conftest import Running
 from tests.support import AgentClient, ServerThread
 
@@ -30,13 +27,6 @@ def _rego(extra_data: dict[str, Any]) -> dict[str, Any]:
                      "metadata": {"regent": {"entrypoint": "shell/decision", "default_action": "deny"}}},
     }}
 
-
-@pytest.fixture
-def governed(kernel: Kernel) -> Iterator[Kernel]:
-    resolver = BundleResolver(kernel.store)
-    kernel.policy = resolver
-    yield kernel
-    resolver.close()
 
 
 def _decision_hash(server: ServerThread, agent_client: AgentClient, running: Running) -> str:

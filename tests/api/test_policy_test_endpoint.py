@@ -6,7 +6,6 @@ import httpx
 import pytest
 
 from kernel.core.kernel import Kernel
-from kernel.policy.resolver import BundleResolver
 from tests.conftest import Running
 from tests.support import AgentClient, ServerThread
 
@@ -55,11 +54,6 @@ decision := {"decision": "allow", "rule_id": "rego-ls"} if {
     "manifest": {"roots": ["cand"], "metadata": {"regent": {"entrypoint": "cand/decision"}}},
 }
 
-
-@pytest.fixture
-def governed(kernel: Kernel) -> Kernel:
-    kernel.policy = BundleResolver(kernel.store)
-    return kernel
 
 
 @pytest.fixture

@@ -5,14 +5,10 @@ the allowed and awaiting-approval events, `rule_id` in every denied answer."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-
-import pytest
 
 from kernel.core import policies, steps
 from kernel.core.kernel import Kernel
 from kernel.identity import args_hash
-from kernel.policy.resolver import BundleResolver
 from tests.conftest import Running
 
 BUNDLE = """default_action: deny
@@ -28,13 +24,6 @@ rules:
     then: {decision: deny, reason: never delete}
 """
 
-
-@pytest.fixture
-def governed(kernel: Kernel) -> Iterator[Kernel]:
-    resolver = BundleResolver(kernel.store)
-    kernel.policy = resolver
-    yield kernel
-    resolver.close()
 
 
 def _req(target: str) -> steps.StepRequest:

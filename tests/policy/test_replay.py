@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 
 from kernel.core.kernel import Kernel
 from kernel.core.policy_test import recorded_steps, replay_execution
 from kernel.policy.replay import RecordedStep, replay
-from kernel.policy.resolver import BundleResolver, yaml_revision
+from kernel.policy.resolver import yaml_revision
 from kernel.policy.yaml import compile_yaml_bundle
 from tests.conftest import Running
 from tests.support import AgentClient, ServerThread
@@ -47,11 +46,6 @@ def test_replay_of_no_steps_is_empty() -> None:
     rep = replay(_compiled(STRICT), [])  # type: ignore[arg-type]
     assert rep.results == [] and rep.failed == 0
 
-
-@pytest.fixture
-def governed(kernel: Kernel) -> Kernel:
-    kernel.policy = BundleResolver(kernel.store)
-    return kernel
 
 
 def test_first_decision_counts_not_the_grant(governed: Kernel, server: ServerThread, running: Running,

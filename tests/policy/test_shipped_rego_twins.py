@@ -15,7 +15,7 @@ import pytest
 from kernel.core.kernel import Kernel
 from kernel.policy.cases import parse_cases, run_cases
 from kernel.policy.rego import RegoEngine, compile_rego_bundle
-from kernel.policy.resolver import BundleResolver, RegoCompiled
+from kernel.policy.resolver import RegoCompiled
 from kernel.policy.yaml import compile_yaml_bundle
 from tests.conftest import Running
 from tests.support import AgentClient, ServerThread
@@ -58,13 +58,6 @@ def _tarball(twin: Path) -> bytes:
             tar.add(twin / f, arcname=f)
     return buf.getvalue()
 
-
-@pytest.fixture
-def governed(kernel: Kernel) -> Iterator[Kernel]:
-    resolver = BundleResolver(kernel.store)
-    kernel.policy = resolver
-    yield kernel
-    resolver.close()
 
 
 @pytest.mark.parametrize("upload", ["json", "tarball"])
