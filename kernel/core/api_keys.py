@@ -127,13 +127,21 @@ def list_keys(k: Kernel, *, include_revoked: bool = True) -> list[ApiKey]:
     return keys if include_revoked else [x for x in keys if x.revoked_at is None]
 
 
-def revoke_key(k: Kernel, key_id: str) -> ApiKey:
-    """Revoke at once (the next request with it is refused); revoking twice keeps the first time."""
+def revoke_key(k: Kernel, key_id: str, revoked_by: Principal | None = None) -> ApiKey:
+    """Revoke at once (the next request with it is refused); revoking twice keeps the first time.
+
+    A key revokes only keys whose every scope it holds itself, as it may only create those: a
+    key manager cannot take away an admin's key (`revoked_by` None is the CLI, on the store)."""
     now = k.clock.now()
     with k.store.transaction() as tx:
         row = tx.get_api_key(key_id)
         if row is None:
             raise NotFound(f"api key {key_id} not found")
+        if revoked_by is not None:
+            beyond = [s for s in json.loads(row.scopes) if not revoked_by.has(s)]
+            if beyond:
+                raise Forbidden(f"forbidden: a key cannot revoke a key with scopes it does not hold "
+                                f"({', '.join(beyond)})")
         if row.revoked_at is None:
             tx.set_api_key(key_id, revoked_at=now)
         row = tx.get_api_key(key_id)

@@ -223,6 +223,22 @@ def test_a_route_key_grants_its_scopes_and_is_refused_after_revoke_or_expiry(ser
         assert r.status_code == 400 and "unknown scope" in r.json()["message"]
 
 
+def test_a_key_manager_revokes_only_keys_within_its_own_scopes(served: Served) -> None:
+    manager = _route_key(served, "key-manager", "api_keys:manage", "executions:read")
+    approver = _route_key(served, "treasury", "approvals:read", "approvals:write")
+    reader = _route_key(served, "reader-2", "executions:read")
+    with served.http(manager["token"]) as c:
+        refused = c.delete(f"/v0/api-keys/{approver['id']}")
+        assert refused.status_code == 403 and "approvals:read" in refused.json()["message"]
+        assert c.delete(f"/v0/api-keys/{reader['id']}").status_code == 204
+    with served.http(approver["token"]) as c:
+        assert c.get("/v0/approvals").status_code == 200  # still live
+    with served.http(reader["token"]) as c:
+        assert c.get("/v0/executions").status_code == 401
+    with served.http() as c:  # the bootstrap token holds every scope
+        assert c.delete(f"/v0/api-keys/{approver['id']}").status_code == 204
+
+
 def test_a_scoped_key_grant_records_the_key_name_whatever_decided_by_says(served: Served) -> None:
     eid, aid = served.blocked_payment()
     key = _route_key(served, "treasury-oncall", "approvals:read", "approvals:write")

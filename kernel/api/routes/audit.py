@@ -98,6 +98,6 @@ async def list_api_keys(request: Request) -> Response:
 
 @router.delete("/v0/api-keys/{key_id}")
 async def revoke_api_key(key_id: str, request: Request) -> Response:
-    await call(auth_of(request).principal, request, "api_keys:manage")
-    await call(api_keys.revoke_key, kernel_of(request), uuid_param(key_id, "api key id"))
+    principal = await call(auth_of(request).principal, request, "api_keys:manage")
+    await call(api_keys.revoke_key, kernel_of(request), uuid_param(key_id, "api key id"), principal)
     return Response(status_code=204)
