@@ -57,5 +57,10 @@ def approval(typ: EventType, a: Approval, status: str, **extra: Any) -> Ev:
         "execution_id": a.execution_id,
         "status": status,
     }
+    # The rule and bundle that asked, so the approval's events alone say what was decided on.
+    if a.rule_id:
+        payload["rule_id"] = a.rule_id
+    if a.policy_hash:
+        payload["policy_hash"] = a.policy_hash
     payload.update({k: v for k, v in extra.items() if v is not None})
     return typ.value, payload

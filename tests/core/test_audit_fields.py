@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import hashlib
 
-from kernel.core import policies, steps
+from kernel.core import approvals, policies, steps
+from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
 from kernel.identity import args_hash
 from tests.conftest import Running
@@ -48,3 +49,18 @@ def test_decision_events_carry_the_policy_hash_and_reason_and_denials_the_rule(
     assert {p["policy_hash"] for _, p in decided.values()} == {digest}
     assert (decided["read"][1]["reason"], decided["pay"][1]["reason"]) == ("reading is fine", "money moves")
     assert decided["rm"][1]["rule_id"] == "no-rm"
+
+
+def test_approval_events_name_the_rule_and_bundle_that_asked(governed: Kernel, running: Running) -> None:
+    k = governed
+    policies.store_policy(k, "shell", "yaml", BUNDLE)
+    eid, did, att = running.start()
+    asked = steps.submit_step(k, "shell", eid, did, att, _req("pay"))
+    assert asked.decision == "blocked" and asked.approval_id
+    approvals.decide_approval(k, asked.approval_id, grant=False, principal=Principal(admin=True),
+                              decided_by="ops", rationale="not today")
+    with k.store.read() as tx:
+        events = [(e.type, e.payload) for e in tx.list_events(eid, 0, 100) if e.type.startswith("approval.")]
+    digest = hashlib.sha256(BUNDLE.encode()).hexdigest()
+    assert [typ for typ, _ in events] == ["approval.requested", "approval.denied"]
+    assert {(p["rule_id"], p["policy_hash"]) for _, p in events} == {("payments", digest)}
