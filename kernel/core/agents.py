@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from urllib.parse import urlparse
 
 from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
+from kernel.core.policies import Actor
 from kernel.domain import Agent
 from kernel.errors import Conflict, NotFound, ValidationError
 
 MIN_LEASE_SECONDS = 10
+
+log = logging.getLogger("kernel.agents")
 
 
 def validate_lease(lease_timeout_seconds: int | None) -> int | None:
@@ -47,10 +51,12 @@ def validate_agent_fields(agent_id: str, webhook_url: str, secret: str) -> None:
 
 def register_agent(
     k: Kernel, agent_id: str, webhook_url: str, secret: str, lease_timeout_seconds: int | None,
-    *, keep_policy: bool = False,
+    *, keep_policy: bool = False, actor: Actor | None = None,
 ) -> tuple[Agent, bool]:
     """Upsert an agent: a full replace that resets `registered_at` and (unless `keep_policy`,
-    used by the manifest) clears its policy, as Rebuno's registration does."""
+    used by the manifest) clears its policy, as Rebuno's registration does. A policy cleared so
+    is a `policy.cleared` audit event by `actor` (reason `agent_reregistered`) and a warning in
+    the log: the agent decides permissively until a bundle is posted or a revision re-activated."""
     validate_agent_fields(agent_id, webhook_url, secret)
     lease = validate_lease(lease_timeout_seconds)
     now = k.clock.now()
@@ -65,9 +71,16 @@ def register_agent(
             output_schema=existing.output_schema if existing else None,
         )
         tx.upsert_agent(agent)
-        if not created and not keep_policy:
+        cleared = not created and not keep_policy and tx.active_policy(agent_id) is not None
+        if cleared:
+            who = actor or Actor()
             tx.clear_policy(agent_id)
+            tx.add_policy_event(agent_id, "policy.cleared", now, actor=who.name, credential=who.credential,
+                                payload={"reason": "agent_reregistered"})
     k.secrets.forget(agent_id)
+    if cleared:
+        log.warning("agent %s re-registered: its active policy was cleared, so it is permissive until a "
+                    "bundle is posted or a revision re-activated (docs/policy.md)", agent_id)
     return agent, created
 
 

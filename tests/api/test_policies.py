@@ -134,3 +134,20 @@ def test_stored_bundle_that_no_longer_compiles_denies_bundle_error(governed: Ker
         tx.add_policy_revision("shell", "yaml", "r-broken", "rules: [{id: x}]", governed.clock.now())
     d = governed.policy.decide(PolicyInput(agent_id="shell", kind="tool_call", target="t", args=None))
     assert (d.verdict, d.rule_id, d.reason) == ("deny", "bundle-error", "policy_bundle_invalid")
+
+
+def test_re_registering_an_agent_clears_its_policy_as_an_audited_event(
+        governed: Kernel, server: ServerThread, running: Running, caplog: pytest.LogCaptureFixture) -> None:
+    assert _post(server, "shell", SHELL).status_code == 204
+    again = {"id": "shell", "webhook_url": "http://127.0.0.1:9/webhook", "secret": "s3cret"}
+    with caplog.at_level("WARNING", logger="kernel.agents"):
+        assert httpx.post(f"{server.url}/v0/agents", json=again).status_code == 200
+    assert httpx.get(f"{server.url}/v0/policies/shell").status_code == 404  # permissive now, as in Rebuno
+    events = httpx.get(f"{server.url}/v0/policies/shell/events").json()
+    assert [(e["type"], e["payload"]) for e in events][:2] == [
+        ("policy.cleared", {"reason": "agent_reregistered"}), ("policy.activated", events[1]["payload"])]
+    assert events[0]["credential"] == "dev"
+    assert any("re-registered" in r.getMessage() and "permissive" in r.getMessage() for r in caplog.records)
+    # a second registration finds nothing to clear: no second event
+    assert httpx.post(f"{server.url}/v0/agents", json=again).status_code == 200
+    assert [e["type"] for e in httpx.get(f"{server.url}/v0/policies/shell/events").json()].count("policy.cleared") == 1

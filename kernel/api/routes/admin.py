@@ -11,6 +11,7 @@ from kernel.api.deps import agent_param, auth_of, call, kernel_of
 from kernel.api.render import JSONResponse, agent_json
 from kernel.api.routes.client import _body
 from kernel.core import agents
+from kernel.core.policies import Actor
 
 router = APIRouter()
 
@@ -24,10 +25,11 @@ class RegisterAgentBody(Strict):
 
 @router.post("/v0/agents", openapi_extra=schema.operation(RegisterAgentBody, ok=(201, 200), answer=schema.AGENT))
 async def register_agent(request: Request) -> Response:
-    await call(auth_of(request).principal, request, "agents:write")
+    principal = await call(auth_of(request).principal, request, "agents:write")
     body = parse_model(RegisterAgentBody, await _body(request))
     agent, created = await call(agents.register_agent, kernel_of(request), body.id, body.webhook_url,
-                                body.secret, body.lease_timeout_seconds)
+                                body.secret, body.lease_timeout_seconds,
+                                actor=Actor(principal.name, principal.credential.value))
     return JSONResponse(agent_json(agent), status_code=201 if created else 200)
 
 
