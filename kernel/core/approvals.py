@@ -10,6 +10,7 @@ from kernel.core import events as ev
 from kernel.core.decisions import approval_record
 from kernel.core.kernel import Kernel
 from kernel.core.leases import enqueue
+from kernel.core.lifecycle import with_ancestors
 from kernel.domain import (
     Approval,
     ApprovalStatus,
@@ -23,8 +24,6 @@ from kernel.domain import (
 )
 from kernel.errors import Conflict, Forbidden, NotFound
 from kernel.store import Tx
-
-_MAX_ANCESTORS = 100  # how far up the sub-agent tree the self-approval check looks
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,11 +146,8 @@ def _refuse_self_approval(tx: Tx, e: Execution, principal: Principal) -> None:
     the same name (the name is the decider the record keeps, so a second key minted under it
     would otherwise approve its holder's own steps), nor either of them for a sub-agent's
     execution under one it created (the child's steps are still its work)."""
-    at: Execution | None = e
-    for depth in range(_MAX_ANCESTORS):
-        if at is None:
-            return
-        whose = "this execution" if depth == 0 else f"an ancestor of this execution ({at.id})"
+    for at in with_ancestors(tx, e):
+        whose = "this execution" if at is e else f"an ancestor of this execution ({at.id})"
         created_by = at.created_by
         if created_by is not None and created_by not in (Credential.BOOTSTRAP.value, Credential.DEV.value):
             if created_by == principal.key_id:
@@ -160,7 +156,6 @@ def _refuse_self_approval(tx: Tx, e: Execution, principal: Principal) -> None:
             if creator is not None and creator.name == principal.name:
                 raise Forbidden(f'forbidden: "{principal.name}" created {whose} (with another key of that name) '
                                 "and may not approve its steps")
-        at = tx.get_execution(at.parent_execution_id) if at.parent_execution_id else None
 
 
 def _record(

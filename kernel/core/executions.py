@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from kernel.core import events as ev
 from kernel.core.kernel import Kernel
 from kernel.core.leases import require_live_lease
-from kernel.core.lifecycle import cancel_in_tx, load_owned, owned
+from kernel.core.lifecycle import cancel_in_tx, load_owned, owned, with_ancestors
 from kernel.core.sessions import ended, start_or_queue
 from kernel.domain import (
     Event,
@@ -24,8 +24,6 @@ from kernel.domain import (
 from kernel.errors import Conflict, ExecutionTerminal, NotFound, Overloaded
 from kernel.identity import new_uuid7
 from kernel.store import Tx
-
-_MAX_ANCESTORS = 100  # how far up the tree a new child's session is checked against its ancestors'
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,14 +119,14 @@ def _check_parent(tx: Tx, lin: Lineage) -> None:
             raise NotFound("spawning step not found in the parent execution")
     # A live ancestor holds its session until it ends, and it waits for this child: a child queued
     # in that session would wait for it in turn, for ever (docs/api.md, "Sessions and sub-agents").
-    ancestor: Execution | None = parent
-    for _ in range(_MAX_ANCESTORS):
-        if ancestor is None or ancestor.status.is_terminal:
+    if lin.session is None:
+        return
+    for ancestor in with_ancestors(tx, parent):
+        if ancestor.status.is_terminal:
             break
-        if lin.session is not None and ancestor.session == lin.session:
+        if ancestor.session == lin.session:
             raise Conflict(f"conflict: session {lin.session!r} is held by an ancestor execution ({ancestor.id}), "
                            "which waits for this child; give the child another session")
-        ancestor = tx.get_execution(ancestor.parent_execution_id) if ancestor.parent_execution_id else None
 
 
 def get_execution(k: Kernel, execution_id: str, agent_id: str | None = None) -> Execution:

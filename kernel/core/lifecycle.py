@@ -1,10 +1,11 @@
-"""One execution's record under its lock: the owner check every route makes, and a cancel without
-its cascade (`kernel.core.sessions` walks the sub-agent tree; `kernel.core.executions` and the
-deadline sweep call the cancel)."""
+"""One execution's record under its lock: the owner check every route makes, its line of ancestors
+in the sub-agent tree, and a cancel without its cascade (`kernel.core.sessions` walks the tree
+down; `kernel.core.executions` and the deadline sweep call the cancel)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from datetime import datetime
 
 from kernel.core import events as ev
@@ -14,6 +15,7 @@ from kernel.errors import Forbidden, NotFound
 from kernel.store import Tx
 
 CANCELLED_ERROR = {"reason": "execution_cancelled"}
+MAX_ANCESTORS = 100  # how far up the sub-agent tree a walk goes (a bound, whatever the store holds)
 
 
 def load_owned(tx: Tx, execution_id: str, agent_id: str | None) -> Execution:
@@ -28,6 +30,16 @@ def owned(e: Execution | None, agent_id: str | None) -> Execution:
     if agent_id is not None and e.agent_id != agent_id:
         raise Forbidden("forbidden: execution belongs to another agent")
     return e
+
+
+def with_ancestors(tx: Tx, e: Execution) -> Iterator[Execution]:
+    """`e`, then its parent, its parent's parent… up to MAX_ANCESTORS executions in all."""
+    at: Execution | None = e
+    for _ in range(MAX_ANCESTORS):
+        if at is None:
+            return
+        yield at
+        at = tx.get_execution(at.parent_execution_id) if at.parent_execution_id else None
 
 
 def cancel_one(k: Kernel, execution_id: str, reason: str) -> Execution | None:
