@@ -8,9 +8,11 @@ formatting exactly and compiles each constraint once, at load.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 __all__ = [
@@ -230,6 +232,24 @@ class Predicate:
 
     def accepts(self, text: str) -> bool:
         return self.first_failure(text) is None
+
+    def text_test(self) -> Callable[[str], bool]:
+        """``accepts`` as one closure over only the string constraints that are set, composed once
+        for a rule's decision path (``first_failure`` names the failing one, for explain)."""
+        tests: list[Callable[[str], bool]] = []
+        if self.equals:
+            tests.append(partial(operator.eq, self.equals))
+        if self.contains:
+            needle = self.contains
+            tests.append(lambda text: needle in text)
+        if self.one_of:
+            tests.append(self.one_of_set.__contains__)
+        if self.search is not None:
+            tests.append(self.search)
+        if len(tests) == 1:
+            return tests[0]
+        frozen = tuple(tests)
+        return lambda text: all(test(text) for test in frozen)
 
     def failure_in(self, args: dict[str, Any]) -> str | None:
         """The first constraint this predicate fails against ``args`` (already a dict): ``exists``

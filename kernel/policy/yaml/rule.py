@@ -197,7 +197,7 @@ def _predicate_test(p: Predicate) -> Callable[[dict[str, Any]], bool]:
         failure_in = p.failure_in
         return lambda args: failure_in(args) is None
     key = p.key
-    text_ok = _text_test(p)
+    text_ok = p.text_test()
 
     def holds(args: dict[str, Any]) -> bool:
         if key not in args:
@@ -206,27 +206,6 @@ def _predicate_test(p: Predicate) -> Callable[[dict[str, Any]], bool]:
         return text_ok(value if type(value) is str else format_value(value))
 
     return holds
-
-
-def _text_test(p: Predicate) -> Callable[[str], bool]:
-    """Rebuno's string constraints that are set, in ``Predicate.first_failure``'s order."""
-    tests: list[Callable[[str], bool]] = []
-    if p.equals:
-        tests.append(partial(operator.eq, p.equals))
-    if p.contains:
-        tests.append(_contains(p.contains))
-    if p.one_of:
-        tests.append(p.one_of_set.__contains__)
-    if p.search is not None:
-        tests.append(p.search)
-    if len(tests) == 1:
-        return tests[0]
-    frozen = tuple(tests)
-    return lambda text: all(test(text) for test in frozen)
-
-
-def _contains(needle: str) -> Callable[[str], bool]:
-    return lambda text: needle in text
 
 
 def _attr_equals(name: str, value: str) -> _Check:
