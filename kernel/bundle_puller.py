@@ -26,9 +26,9 @@ from prometheus_client.registry import Collector
 from kernel.core.kernel import Kernel
 from kernel.errors import RegentError, ValidationError
 from kernel.policy.signature import (
-    SIGNATURES_FILE,
     SignatureRefused,
     VerificationKey,
+    policy_files,
     read_bundle_files,
     verify_bundle_files,
     yaml_bundle_file,
@@ -193,7 +193,6 @@ class BundlePuller:
         assert rev is not None  # bundle_content never yields the empty YAML text that clears
         return rev.revision
 
-
     def _succeeded(self, st: SourceStatus, outcome: str) -> bool:
         with self._lock:
             st.downloads[outcome] = st.downloads.get(outcome, 0) + 1
@@ -246,7 +245,7 @@ def bundle_content(s: BundleSource, raw: bytes) -> tuple[str, str]:
     yaml_file = yaml_bundle_file(files)
     if yaml_file is not None:
         return "yaml", _yaml_text(files[yaml_file], f"{s.url}: {yaml_file}")
-    policy = [name for name in files if name not in (".manifest", SIGNATURES_FILE)]
+    policy = policy_files(files)
     if not any(name.endswith(".rego") for name in policy):
         raise ValidationError(f"{s.url}: the tarball holds no .rego module and not exactly one YAML bundle file "
                               f"(found: {', '.join(sorted(policy)) or 'nothing'})")

@@ -280,11 +280,16 @@ def _tar_files(raw: bytes, name: str) -> dict[str, bytes]:
     return _strip_top(files)
 
 
+def policy_files(files: dict[str, bytes]) -> list[str]:
+    """A bundle's files but its `.manifest` and `.signatures.json`."""
+    return [name for name in files if name not in (".manifest", SIGNATURES_FILE)]
+
+
 def yaml_bundle_file(files: dict[str, bytes]) -> str | None:
     """The one YAML bundle file of a tarball or directory's files that hold no `.rego` module and
     exactly one YAML file other than `data.yaml` (beside an optional `.manifest` and
     `.signatures.json`); None when the files are not such a YAML bundle."""
-    policy = [name for name in files if name not in (".manifest", SIGNATURES_FILE)]
+    policy = policy_files(files)
     if any(name.endswith(".rego") for name in policy):
         return None
     yamls = [n for n in policy if n.endswith((".yaml", ".yml")) and n.rsplit("/", 1)[-1] not in

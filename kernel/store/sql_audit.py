@@ -254,17 +254,16 @@ class AuditQueries:
     def policy_hashes_of_revision(self, revision: str, agent_id: str | None) -> list[str]:
         """The content hashes stored under a revision name (of one agent, or of any); a small
         table, read without an index of its own."""
-        c = t.policy_revisions.c
-        q = select(c.content_hash).where(c.revision == revision).distinct()
-        if agent_id is not None:
-            q = q.where(c.agent_id == agent_id)
-        return sorted(str(r[0]) for r in self.conn.execute(q).all())
+        return self._policy_hashes(t.policy_revisions.c.revision == revision, agent_id)
 
     def policy_hashes_with_prefix(self, prefix: str, agent_id: str | None) -> list[str]:
         """The stored content hashes that start with `prefix` (the first characters the console
         shows of a hash), of one agent or of any."""
+        return self._policy_hashes(t.policy_revisions.c.content_hash.startswith(prefix, autoescape=True), agent_id)
+
+    def _policy_hashes(self, where: Any, agent_id: str | None) -> list[str]:
         c = t.policy_revisions.c
-        q = select(c.content_hash).where(c.content_hash.startswith(prefix, autoescape=True)).distinct()
+        q = select(c.content_hash).where(where).distinct()
         if agent_id is not None:
             q = q.where(c.agent_id == agent_id)
         return sorted(str(r[0]) for r in self.conn.execute(q).all())
