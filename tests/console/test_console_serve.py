@@ -154,13 +154,26 @@ def test_a_key_may_not_approve_a_step_of_an_execution_it_created(served: Any, pa
     assert k.api.http.get(f"/v0/approvals/{approval['id']}").json()["status"] == "pending"
 
 
+# Whether an input's placeholder text fits in its content box (measured in the input's own font).
+PLACEHOLDER_FITS = """el => {
+  const s = getComputedStyle(el);
+  const ctx = document.createElement("canvas").getContext("2d");
+  ctx.font = s.font;
+  const room = el.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+  return ctx.measureText(el.placeholder).width <= room;
+}"""
+
 def test_a_bootstrap_decision_is_shown_as_asserted_wherever_the_decider_appears(served: Any, page: Any) -> None:
     k, _ = served
     eid = k.run("ops", [RM], "blocked")
     approval = k.pending(eid)
     sign_in(page, k.url, BOOTSTRAP_TOKEN, "/console/approvals")
     row = page.locator(f"#approval-{approval['id']}")
-    row.locator("input[name=decided_by]").fill("oncall")  # no identity: the form asks who decides
+    who = row.locator("input[name=decided_by]")
+    # The field says what it asks for: its placeholder fits inside it, not cut off at the edge.
+    assert who.evaluate(PLACEHOLDER_FITS), who.get_attribute("placeholder")
+    shot(page, "approvals-bootstrap")
+    who.fill("oncall")  # no identity: the form asks who decides
     row.locator("button:text-is('Deny')").click()
     page.locator(".notice.ok", has_text="Denied").wait_for()
     resolved = page.locator(f"#resolved-{approval['id']}")
