@@ -116,13 +116,21 @@ POLICY_CONTENT = Prepared(select(t.policy_revisions.c.content).where(t.policy_re
 INSERT_STEP = Prepared(insert(t.steps))
 INSERT_EVENTS = Prepared(insert(t.events))
 EVENT_COLUMNS = ("execution_id", "event_seq", "type", "payload", "occurred_at")
+
+
+def event_param(column: str, row: int) -> Any:
+    # Typed: in a multi-row VALUES SQLAlchemy gives an untyped bindparam its column's type in the
+    # first row only, and the later rows' timestamps then skipped UTCDateTime's bind processor.
+    return bindparam(f"{column}_{row}", type_=t.events.c[column].type)
+
+
 # One multi-row INSERT for the few events a use case appends (an allowed step: three): on
 # PostgreSQL, executemany goes through psycopg's pipeline machinery, which cost more than the
 # statement. Keyed by the row count; larger batches use INSERT_EVENTS.many.
 MAX_EVENT_ROWS = 8
 INSERT_EVENT_ROWS = PreparedCache(
     lambda n: insert(t.events).values(
-        [{c: param(f"{c}_{i}") for c in EVENT_COLUMNS} for i in range(n)]
+        [{c: event_param(c, i) for c in EVENT_COLUMNS} for i in range(n)]
     )
 )
 
@@ -254,6 +262,6 @@ INSERT_DECISION = Prepared(insert(t.decision_journal).values({c: param(c) for c 
 # one statement, so the record costs no round trip of its own. Decision parameters are `d_<column>`.
 INSERT_EVENT_ROWS_AND_DECISION = PreparedCache(
     lambda n: insert(t.events).values(
-        [{c: param(f"{c}_{i}") for c in EVENT_COLUMNS} for i in range(n)]
+        [{c: event_param(c, i) for c in EVENT_COLUMNS} for i in range(n)]
     ).add_cte(insert(t.decision_journal).values({c: param(f"d_{c}") for c in DECISION_COLUMNS}).cte("decision_row"))
 )

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from kernel.domain import (
@@ -102,6 +103,13 @@ def test_append_of_many_events_at_once_keeps_order_and_payloads(store: SqlStore,
     assert [e.event_seq for e in evs] == list(range(2, n + 2))
     assert [(e.type, e.payload) for e in evs] == [(f"test.e{i}", {"i": i}) for i in range(n)]
     assert all(e.occurred_at == T0 for e in evs)
+    if store.dialect == "sqlite":
+        # Every row of a multi-row INSERT stores the timestamp in the one text format
+        # (`YYYY-MM-DD HH:MM:SS.ffffff`); rows after the first once kept Python's "+00:00".
+        with store.engine.connect() as c:
+            stored = {r[0] for r in c.execute(text("SELECT occurred_at FROM events WHERE execution_id = :e"),
+                                              {"e": eid})}
+        assert stored == {"2026-12-01 12:00:00.000000"}
 
 
 def test_append_applies_execution_values_in_the_same_write(store: SqlStore) -> None:
