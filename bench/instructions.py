@@ -2,14 +2,17 @@
 
     python -m bench.instructions --target sqlite                       # callgrind, 100 and 300 round trips
     python -m bench.instructions --target bare
+    python -m bench.instructions --target postgres                     # a scratch database per run
+    python -m bench.instructions --cpu --target postgres --yappi /tmp/y.txt   # + yappi's function table
     python -m bench.instructions --cpu --tree before=/tmp/base --tree after=. --rounds 6
 
-Callgrind mode runs the server (`regent serve` on SQLite with `synchronous=FULL`, or the bare
-app) under `valgrind --tool=callgrind`, drives it from this process with sequential signed round
+Callgrind mode runs the server (`regent serve` on SQLite with `synchronous=FULL`, on a scratch
+PostgreSQL database made for the run, or the bare app) under `valgrind --tool=callgrind`, drives it from this process with sequential signed round
 trips (submit → proceed → complete → recorded, the bench's own request shapes), stops it with
 SIGTERM and reads the instruction total; the difference of two runs of different lengths,
 divided by the difference of their round trips, leaves the cost of one round trip with start-up
-and shutdown cancelled. The client is another process, so none of its instructions count.
+and shutdown cancelled. The client is another process, so none of its instructions count (on PostgreSQL neither do
+the server backends': only the kernel process runs under valgrind).
 Instruction counts barely move with the host's load (the same binary counts the same
 instructions), which CPU time on a shared 2-CPU machine does not.
 
@@ -37,7 +40,7 @@ import httpx
 
 from bench.client import Agent, Lease, proc_cpu, round_trip
 from bench.fixtures import AgentCreds
-from bench.servers import ROOT, free_port
+from bench.servers import DEFAULT_PG_URL, ROOT, free_port, pg_scratch
 
 # Periodic work goes with the wall time, and under valgrind a round trip takes ~50× longer: the
 # dispatcher's 0.25 s idle poll would add its cost per round trip many times over, and the decision
@@ -64,19 +67,35 @@ def _prepare(db_url: str) -> tuple[AgentCreds, Lease]:
     return agent, lease
 
 
+# The scratch databases' server (--pg-url); each PostgreSQL server run gets a database of its own.
+PG_URL = DEFAULT_PG_URL
+
+
 @contextlib.contextmanager
 def _server(target: str, tree: Path, workdir: Path, env: dict[str, str], prefix: list[str],
             log_name: str, yappi: Path | None = None) -> Iterator[tuple[subprocess.Popen[bytes], str, AgentCreds, Lease]]:
+    with contextlib.ExitStack() as stack:
+        if target == "bare":
+            url = ""
+        elif target == "postgres":
+            url = stack.enter_context(pg_scratch(PG_URL))
+        else:
+            db = workdir / f"{log_name}.db"
+            for suffix in ("", "-wal", "-shm", ".lock"):
+                Path(str(db) + suffix).unlink(missing_ok=True)
+            url = f"sqlite:///{db}"
+        yield stack.enter_context(_process(target, url, tree, workdir, env, prefix, log_name, yappi))
+
+
+@contextlib.contextmanager
+def _process(target: str, url: str, tree: Path, workdir: Path, env: dict[str, str], prefix: list[str],
+             log_name: str, yappi: Path | None) -> Iterator[tuple[subprocess.Popen[bytes], str, AgentCreds, Lease]]:
     port = free_port()
     if target == "bare":
         argv = [sys.executable, "-m", "bench.bare", "--port", str(port), "--log-level", "warning"]
         agent, lease = AgentCreds("bench-agent", "bare"), Lease(
             "0190a1b2-0000-7000-8000-000000000001", "0190a1b2-0000-7000-8000-000000000002", 1)
     else:
-        db = workdir / f"{log_name}.db"
-        for suffix in ("", "-wal", "-shm", ".lock"):
-            Path(str(db) + suffix).unlink(missing_ok=True)
-        url = f"sqlite:///{db}"
         agent, lease = _prepare(url)
         serve = ["-m", "kernel"] if yappi is None else ["-m", "bench.yappi_serve", str(yappi)]
         argv = [sys.executable, *serve, "serve", "--db-url", url, "--host", "127.0.0.1", "--port", str(port)]
@@ -86,19 +105,19 @@ def _server(target: str, tree: Path, workdir: Path, env: dict[str, str], prefix:
     with open(workdir / f"{log_name}.log", "wb") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(prefix + argv, cwd=tree, env=full_env, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    http = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"{log_name} exited: {(workdir / f'{log_name}.log').read_text()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/v0/health", timeout=5.0).status_code == 200:
+                if httpx.get(http + "/v0/health", timeout=5.0).status_code == 200:
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{log_name} did not start")
             time.sleep(0.2)
-        yield proc, url, agent, lease
+        yield proc, http, agent, lease
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -123,11 +142,13 @@ def _instructions(out_prefix: Path) -> dict[str, int]:
 
 
 def callgrind(target: str, tree: Path, counts: tuple[int, int], env: dict[str, str], keep: Path | None) -> None:
-    """Per round trip: the event loop's thread (the main one), the lane's (the busiest other one) and
-    the rest (background threads, whose work goes with the wall time, ~50× longer under valgrind)."""
+    """Per round trip: the event loop's thread (the main one), the lane's (the busiest other ones, as
+    many as the lane has threads: 1 on SQLite, `REGENT_CORE_THREADS` or 4 on PostgreSQL) and the
+    rest (background threads, whose work goes with the wall time, ~50× longer under valgrind)."""
+    lanes = int(env.get("REGENT_CORE_THREADS") or (4 if target == "postgres" else 1))
     with tempfile.TemporaryDirectory(prefix="regent-ir-") as tmp:
         work = Path(tmp)
-        split = []
+        runs = []
         for n in counts:
             out = (keep or work) / f"callgrind.{target}.{n}"
             for old in out.parent.glob(out.name + "*"):
@@ -141,23 +162,29 @@ def callgrind(target: str, tree: Path, counts: tuple[int, int], env: dict[str, s
                         round_trip(a, lease, i)
                 finally:
                     a.close()
-            per_thread = _instructions(out)
-            main = per_thread.pop(f"{out.name}-01", 0)
-            lane = max(per_thread.values(), default=0)
-            split.append((main, lane, sum(per_thread.values()) - lane))
-            print(f"{target} {n} round trips: {main + sum(per_thread.values()):,} Ir  "
-                  + "  ".join(f"{k.rsplit('-', 1)[-1]}={v / 1e6:.1f}M" for k, v in per_thread.items()))
-        d = [(b - a) / (counts[1] - counts[0]) / 1e6 for a, b in zip(split[0], split[1], strict=True)]
-        print(f"{target}: M instructions per round trip: event loop {d[0]:.3f}, lane {d[1]:.3f}, "
-              f"request path {d[0] + d[1]:.3f}; other threads {d[2]:.3f}; all {sum(d):.3f}  ({tree})")
+            # Thread numbers follow the order threads start in, the same in both runs.
+            per_thread = {k.rsplit("-", 1)[-1]: v for k, v in _instructions(out).items()}
+            runs.append(per_thread)
+            print(f"{target} {n} round trips: {sum(per_thread.values()):,} Ir  "
+                  + "  ".join(f"{k}={v / 1e6:.1f}M" for k, v in per_thread.items()))
+        span = (counts[1] - counts[0]) * 1e6
+        delta = {k: (runs[1].get(k, 0) - runs[0].get(k, 0)) / span for k in runs[0].keys() | runs[1].keys()}
+        main = delta.pop("01", 0.0)
+        lane = sorted(delta.values(), reverse=True)[:lanes]
+        rest = sum(delta.values()) - sum(lane)
+        print(f"{target}: M instructions per round trip: event loop {main:.3f}, lane {sum(lane):.3f}"
+              + (f" ({' + '.join(f'{x:.3f}' for x in lane)})" if lanes > 1 else "")
+              + f", request path {main + sum(lane):.3f}; other threads {rest:.3f}; all {main + sum(delta.values()):.3f}"
+              f"  ({tree})")
 
 
-def cpu(trees: dict[str, Path], rounds: int, ops: int, env: dict[str, str], yappi: Path | None = None) -> None:
+def cpu(trees: dict[str, Path], rounds: int, ops: int, env: dict[str, str], yappi: Path | None = None,
+        kernel_target: str = "sqlite") -> None:
     with tempfile.TemporaryDirectory(prefix="regent-cpu-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         live = {}
         for name, tree in trees.items():
-            target = "bare" if name == "bare" else "sqlite"
+            target = "bare" if name == "bare" else kernel_target
             proc, url, agent, lease = stack.enter_context(_server(target, tree, work, env, [], name, yappi))
             a = Agent(url, agent.agent_id, agent.secret)
             stack.callback(a.close)
@@ -183,7 +210,9 @@ def cpu(trees: dict[str, Path], rounds: int, ops: int, env: dict[str, str], yapp
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.instructions")
-    p.add_argument("--target", choices=["sqlite", "bare"], default="sqlite")
+    p.add_argument("--target", choices=["sqlite", "postgres", "bare"], default="sqlite",
+                   help="callgrind: the server; --cpu: the kernel's store (a tree named 'bare' is the bare app)")
+    p.add_argument("--pg-url", default=DEFAULT_PG_URL, help="server for the scratch databases (postgres)")
     p.add_argument("--counts", default="100,300", help="round trips of the two callgrind runs")
     p.add_argument("--tree", action="append", default=[], metavar="[NAME=]PATH",
                    help="source tree to serve from (default: this checkout); in --cpu mode, several")
@@ -192,8 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", type=int, default=300, help="round trips per CPU round")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--keep", type=Path, help="keep the callgrind files in this directory")
-    p.add_argument("--yappi", type=Path, help="--cpu: serve the kernel under yappi, its table to this file")
+    p.add_argument("--yappi", type=Path, help="--cpu: serve the kernel under yappi, its table to this file "
+                   "(one kernel tree: each would write the same file)")
     args = p.parse_args(argv)
+    global PG_URL
+    PG_URL = args.pg_url
     env = dict(QUIET_ENV)
     env.update(dict(e.split("=", 1) for e in args.env))
     trees: dict[str, Path] = {}
@@ -201,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, path = spec.rpartition("=")
         trees[name or Path(path).name] = Path(path).resolve()
     if args.cpu:
-        cpu(trees, args.rounds, args.ops, env, args.yappi.resolve() if args.yappi else None)
+        cpu(trees, args.rounds, args.ops, env, args.yappi.resolve() if args.yappi else None, args.target)
         return 0
     a, b = (int(x) for x in args.counts.split(","))
     callgrind(args.target, next(iter(trees.values())), (a, b), env, args.keep)
