@@ -452,7 +452,9 @@ def record_outcome(
     """Complete or fail a step; a terminal outcome is never overwritten (replay answers it). The
     body's `captures` of its resources cover from the outcome's event (kernel/core/resources.py)."""
     now = k.clock.now()
-    with k.store.transaction(lock=execution_id) as tx:
+    # Nothing slow runs between the outcome's one read and its writes: on SQLite the transaction
+    # takes the write lock at BEGIN, with no read snapshot (and its COMMIT) first.
+    with k.store.transaction(lock=execution_id, write=True) as tx:
         e0, s, d = tx.outcome_context(execution_id, step_id, dispatch_id)
         e = owned(e0, agent_id)
         if s is None or s.execution_id != execution_id:

@@ -154,9 +154,12 @@ class SqlStore:
 
     # Public ------------------------------------------------------------------------------
     @contextmanager
-    def transaction(self, lock: str | None = None, session: str | None = None) -> Iterator[Tx]:
+    def transaction(self, lock: str | None = None, session: str | None = None,
+                    write: bool = False) -> Iterator[Tx]:
         """A write transaction; `lock` names an execution whose mutations it serialises, `session`
-        a session whose admission it serialises (taken first: session, then executions)."""
+        a session whose admission it serialises (taken first: session, then executions).
+        `write=True` says the use case writes and evaluates nothing slow before it does: SQLite
+        then takes its write lock at BEGIN (no read snapshot first); here it changes nothing."""
         with self._begin(write=True) as conn:
             if session is not None:
                 self._lock_execution(conn, f"session:{session}")

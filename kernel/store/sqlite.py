@@ -175,13 +175,19 @@ class SqliteStore(SqlStore):
             raise StoreUnavailable(f"store unavailable: {reason}") from exc
 
     @contextmanager
-    def transaction(self, lock: str | None = None, session: str | None = None) -> Iterator[Tx]:
+    def transaction(self, lock: str | None = None, session: str | None = None,
+                    write: bool = False) -> Iterator[Tx]:
         """Reads run on a snapshot; the first write switches to a BEGIN IMMEDIATE transaction.
 
         The per-execution lock is an in-process keyed lock held for the whole use case, so a slow
         policy evaluation between the reads and the writes holds up only its own execution, not
         every writer of the file. Because every mutation of an execution takes that lock, what the
         snapshot said about the execution is still true when the writes begin.
+
+        `write=True`: a use case with nothing slow between its reads and its writes (a step's
+        outcome) begins as BEGIN IMMEDIATE under the write lock at once, without the read snapshot
+        and its COMMIT first; it cannot take more locks (`Tx.lock_execution`), which would be
+        taken with the write lock held.
 
         BEGIN and COMMIT go straight to the driver: on a step round trip SQLAlchemy's transaction
         bookkeeping cost more than all the statements together. The commit happens before the
@@ -205,6 +211,19 @@ class SqliteStore(SqlStore):
                 stack.enter_context(self._keyed_lock(lock))
             conn = stack.enter_context(self._connection())
             raw = conn.connection.driver_connection
+            if write:
+                stack.enter_context(self._write_lock)
+                raw.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+                try:
+                    yield Tx(self, conn)
+                except BaseException:
+                    end_transaction(conn, commit=False)
+                    raise
+                if g is not None:
+                    g.open(stack.pop_all(), conn)
+                    return
+                end_transaction(conn, commit=True)
+                return
             raw.execute("BEGIN")  # type: ignore[union-attr]
             wrote = False
 

@@ -31,3 +31,28 @@ def test_more_concurrent_writers_than_pooled_connections_all_finish(sqlite_store
     assert len(done) == 100
     with sqlite_store.read() as tx:
         assert len(tx.list_executions("a", None, None, 1000)) == 300
+
+
+def test_a_write_transaction_holds_the_write_lock_from_its_begin(sqlite_store: SqlStore) -> None:
+    """`transaction(write=True)` (a step's outcome) begins as BEGIN IMMEDIATE under the writer lock,
+    with no read snapshot first; it takes no more keyed locks (they would wait with the write lock
+    held). A plain transaction takes the write lock only at its first write."""
+    import pytest
+
+    from kernel.store.sqlite import SqliteStore
+
+    assert isinstance(sqlite_store, SqliteStore)
+    k = Kernel(store=sqlite_store)
+    register_agent(k, "a", "http://127.0.0.1:9/w", "s", None)
+    e, _ = create_execution(k, "a", None)
+    with sqlite_store.transaction(lock=e.id) as tx:
+        assert not sqlite_store._write_lock.locked()
+        tx.get_execution(e.id)
+        assert not sqlite_store._write_lock.locked()
+    with sqlite_store.transaction(lock=e.id, write=True) as tx:
+        assert sqlite_store._write_lock.locked()
+        assert tx.conn.connection.driver_connection.in_transaction  # type: ignore[union-attr]
+        assert tx.get_execution(e.id) is not None
+        with pytest.raises(RuntimeError):
+            tx.lock_execution("another")
+    assert not sqlite_store._write_lock.locked()
