@@ -70,7 +70,7 @@ class SharedReplays:
 
     def first_sight(self, k: Kernel, agent_id: str, timestamp: int, signature: str) -> bool:
         expires = datetime.fromtimestamp(timestamp + self.window + 1, UTC)
-        with k.store.transaction() as tx:
+        with k.store.autocommit() as tx:  # one statement: on PostgreSQL, no BEGIN and COMMIT round trips
             fresh = tx.record_request_signature(agent_id, timestamp, signature, expires)
         self._purge(k)
         return fresh

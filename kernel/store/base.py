@@ -168,6 +168,13 @@ class SqlStore:
             yield Tx(self, conn, lock_more=lambda eid: self._lock_execution(conn, eid))
 
     @contextmanager
+    def autocommit(self) -> Iterator[Tx]:
+        """A use case of exactly one statement, committed when it has run. On PostgreSQL it runs
+        without BEGIN and COMMIT (postgres.py); here it is `transaction()`."""
+        with self.transaction() as tx:
+            yield tx
+
+    @contextmanager
     def read(self) -> Iterator[Tx]:
         """A read-only transaction (a consistent snapshot)."""
         with self._begin(write=False) as conn:

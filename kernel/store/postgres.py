@@ -8,17 +8,22 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import generators
+from psycopg.pq import Escaping, ExecStatus, TransactionStatus
 from sqlalchemy import create_engine, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from kernel.store.base import SqlStore
+from kernel.store.base import SqlStore, end_transaction
 from kernel.store.prepared import Prepared
+from kernel.store.sql import Tx
 
 _LOCK = Prepared(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"))
 _TRY_LOCK = text("SELECT pg_try_advisory_lock(hashtextextended(:k, 0))")
 _UNLOCK = text("SELECT pg_advisory_unlock(hashtextextended(:k, 0))")
+_IDLE = TransactionStatus.IDLE
+_FATAL = ExecStatus.FATAL_ERROR
 
 
 def driver_url(url: str) -> str:
@@ -64,6 +69,76 @@ class PostgresStore(SqlStore):
     def _lock_execution(self, conn: Connection, execution_id: str) -> None:
         # Transaction-scoped: released by COMMIT/ROLLBACK, so no code path can leak it.
         _LOCK.run(conn, {"k": f"execution:{execution_id}"})
+
+    @contextmanager
+    def transaction(self, lock: str | None = None, session: str | None = None,
+                    write: bool = False) -> Iterator[Tx]:
+        """As `SqlStore.transaction` (`write` changes nothing here); the transaction's BEGIN and its first locks (the session's,
+        then the execution's) go to the server as one query, one network round trip instead of
+        psycopg's BEGIN and then one per lock."""
+        with self._begin(write=True) as conn:
+            names = [f"session:{session}"] if session is not None else []
+            if lock is not None:
+                names.append(lock)
+            if names:
+                self._begin_locked(conn, names)
+            yield Tx(self, conn, lock_more=lambda eid: self._lock_execution(conn, eid))
+
+    @contextmanager
+    def autocommit(self) -> Iterator[Tx]:
+        """As `SqlStore.autocommit`: the driver connection in autocommit mode, so the use case's one
+        statement is sent without BEGIN and committed as it runs (synchronous_commit as any
+        COMMIT): one network round trip instead of three."""
+        with self._connection() as conn:
+            raw: Any = conn.connection.driver_connection
+            if conn.in_transaction() or raw.pgconn.transaction_status != _IDLE:
+                with self._begin_on(conn) as tx:
+                    yield tx
+                return
+            raw.autocommit = True
+            try:
+                yield Tx(self, conn)
+                end_transaction(conn, commit=True)  # a Core statement run through the Connection
+            finally:
+                if raw.pgconn.transaction_status == _IDLE:
+                    raw.autocommit = False
+                else:  # lost, or left inside a transaction: never handed out again
+                    conn.invalidate()
+
+    @contextmanager
+    def _begin_on(self, conn: Connection) -> Iterator[Tx]:
+        try:
+            yield Tx(self, conn)
+        except BaseException:
+            end_transaction(conn, commit=False)
+            raise
+        end_transaction(conn, commit=True)
+
+    def _begin_locked(self, conn: Connection, names: list[str]) -> None:
+        """BEGIN and `pg_advisory_xact_lock` of each of `names` (in that order), sent as one
+        simple-protocol query: its statements run in order, and the first that fails (a lock
+        timeout) fails the transaction as a lock statement of its own would."""
+        raw: Any = conn.connection.driver_connection
+        pgconn = raw.pgconn
+        if conn.in_transaction() or pgconn.transaction_status != _IDLE:
+            for name in names:
+                self._lock_execution(conn, name)
+            return
+        esc = Escaping(pgconn)
+        # The key is a literal (escaped by libpq for this connection), not a parameter: the
+        # simple protocol takes several statements only without parameters.
+        locks = b"".join(b"; SELECT pg_advisory_xact_lock(hashtextextended(" + esc.escape_literal(
+            f"execution:{name}".encode()) + b", 0))" for name in names)
+        query = raw._get_tx_start_command() + locks  # BEGIN with the connection's options, as psycopg's
+        try:
+            with raw.lock:
+                pgconn.send_query(query)
+                results = raw.wait(generators.execute(pgconn))
+            for res in results:
+                if res.status == _FATAL:
+                    raise psycopg.errors.error_from_result(res, encoding=pgconn._encoding)
+        except psycopg.Error as exc:
+            conn._handle_dbapi_exception(exc, query.decode(), None, None, None)
 
     def upsert(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> None:
         stmt = pg_insert(table).values(**values)
