@@ -3,6 +3,13 @@ sampled by py-spy, plus the server CPU per round trip of the bare app and the ke
 
     python -m bench.profile --target sqlite --seconds 20 --out bench/profiles/sqlite-roundtrip.txt
     python -m bench.profile --target sqlite --seconds 5 --no-profile    # CPU per round trip only
+    python -m bench.profile --target postgres --rounds 5 \
+        --variant 4t=REGENT_CORE_THREADS=4 --variant 2t=REGENT_CORE_THREADS=2   # kernels A/B, no bare app
+
+With `--variant NAME=K=V[,K=V…]` (repeatable) it serves one kernel per variant, each on its own
+database, and alternates rounds between them instead of bare/kernel: each one's server CPU per
+round trip, throughput, and on PostgreSQL its database backends' CPU per round trip (the
+processes serving that database, from /proc; warm-up round trips included).
 
 py-spy (`pip install py-spy`) samples every thread of the server process from outside, so the
 event loop and the lane thread both show; its `--format raw` output (collapsed stacks) is turned
@@ -16,6 +23,7 @@ import argparse
 import collections
 import contextlib
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench import fixtures
-from bench.client import _TICK, drive, round_trip
+from bench.client import _TICK, drive, proc_cpu, round_trip
 from bench.run import _prepare_kernel
 from bench.scenarios import QUICK, Target, _fake_leases, _rt_prepare
 from bench.servers import DEFAULT_PG_URL, free_port, pg_scratch, serve, serve_bare, serve_kernel
@@ -36,6 +44,78 @@ def _cpu_per_op(target: Target, leases: list, seconds: float, base: int) -> tupl
     r = drive(target.make_agent, [op_for(le) for le in leases], duration=seconds, max_ops=10**9,
               warmup_ops=5, warmup_seconds=0.5, server_pid=target.server.pid)
     return r.cpu.server * 1000 / max(r.ops, 1), r.throughput, r.ops
+
+
+def _pg_backends(url: str) -> list[int]:
+    """The server processes of the connections open on `url`'s database."""
+    from sqlalchemy import create_engine, text
+
+    from kernel.store.postgres import driver_url
+
+    db = url.rsplit("/", 1)[1]
+    eng = create_engine(driver_url(url.rsplit("/", 1)[0] + "/postgres"), connect_args={"connect_timeout": 3})
+    try:
+        with eng.connect() as c:
+            return [int(r[0]) for r in c.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = :d"),
+                                                 {"d": db})]
+    finally:
+        eng.dispose()
+
+
+def _backends_cpu(pids: list[int]) -> dict[int, float]:
+    out = {}
+    for pid in pids:
+        cpu = proc_cpu(pid)
+        if cpu == cpu:  # not NaN: still there
+            out[pid] = cpu
+    return out
+
+
+def variants(args: argparse.Namespace) -> int:
+    """Kernels with different settings, alternating rounds; server (and backend) CPU per round trip."""
+    specs: list[tuple[str, dict[str, str]]] = []
+    for spec in args.variant:
+        name, _, kvs = spec.partition("=")
+        specs.append((name, dict(kv.split("=", 1) for kv in kvs.split(",") if kv)))
+    common = dict(kv.split("=", 1) for kv in args.env)
+    tmp = Path(tempfile.mkdtemp(prefix="regent-profile-"))
+    prep = _rt_prepare(lambda _p: args.workers, "profile")
+    try:
+        with contextlib.ExitStack() as stack:
+            live = []
+            for name, env in specs:
+                if args.target == "sqlite":
+                    db = f"sqlite:///{tmp}/{name}.db"
+                else:
+                    db = stack.enter_context(pg_scratch(args.pg_url))
+                scen = [type("S", (), {"name": "rt", "prepare": staticmethod(prep)})()]
+                agent, prepared = _prepare_kernel(db, scen, QUICK)  # type: ignore[arg-type]
+                srv = stack.enter_context(serve_kernel(name, db, tmp, {**common, **env}))
+                live.append((name, db, Target(args.target, "kernel", srv, agent), prepared["rt"]))
+            for _, _, target, _ in live:
+                target.server.wait_ready(120)
+            figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in specs}
+            for i in range(args.rounds):
+                order = live[i % len(live):] + live[:i % len(live)]
+                for name, db, target, leases in order:
+                    pids = _pg_backends(db) if args.target == "postgres" else []
+                    b0 = _backends_cpu(pids)
+                    k = _cpu_per_op(target, leases, args.seconds_per_round, (i + 1) * 10_000_000)
+                    b1 = _backends_cpu(_pg_backends(db) if args.target == "postgres" else [])
+                    backend = sum(v - b0.get(pid, 0.0) for pid, v in b1.items()) * 1000 / max(k[2] + 5 * args.workers, 1)
+                    figures[name].append((k[0], backend, k[1]))
+                    print(f"round {i}: {name:>10} kernel {k[0]:.3f} ms/op · backends {backend:.3f} ms/op · "
+                          f"{k[1]:.0f} op/s", flush=True)
+            with open("/proc/loadavg") as f:
+                load = " ".join(f.read().split()[:3])
+            for name, rows in figures.items():
+                med = [statistics.median(r[j] for r in rows) for j in range(3)]
+                print(f"median {name:>10}: kernel {med[0]:.3f} ms/op · backends {med[1]:.3f} ms/op · "
+                      f"sum {med[0] + med[1]:.3f} · {med[2]:.0f} op/s   (kernel min {min(r[0] for r in rows):.3f})")
+            print(f"load average at the end: {load}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
 
 
 def _threads(pid: int) -> dict[int, tuple[str, float]]:
@@ -91,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--yappi", default=None, help="run the kernel under yappi; its table goes to this file")
     p.add_argument("--env", action="append", default=[], help="K=V for the kernel server (repeatable)")
     p.add_argument("--gil", action="store_true", help="sample only the thread holding the GIL (Python CPU)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=K=V[,K=V]",
+                   help="kernels with these settings, alternating (no bare app, no profile); repeatable")
+    p.add_argument("--seconds-per-round", type=float, default=2.0, help="--variant: seconds per round")
     args = p.parse_args(argv)
+    if args.variant:
+        return variants(args)
     tmp = Path(tempfile.mkdtemp(prefix="regent-profile-"))
     prep = _rt_prepare(lambda _p: args.workers, "profile")
     try:
