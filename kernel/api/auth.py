@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 import time
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import Literal
 from starlette.requests import Request
 
 from kernel.api.body import BodyTooLarge, read_body
-from kernel.api.threads import call
+from kernel.api.threads import before_next_call, call
 from kernel.core import agents, api_keys
 from kernel.core.api_keys import SCOPES
 from kernel.core.approvals import Principal
@@ -102,7 +103,11 @@ class Authenticator:
         return principal
 
     # -- agent signature ------------------------------------------------------------------
-    async def agent(self, request: Request, repeat: Repeat = "read") -> AgentCall:
+    async def agent(self, request: Request, repeat: Repeat = "read", *, with_call: bool = False) -> AgentCall:
+        """The signed agent request, verified. `with_call`: the route's use case follows (one
+        `call`, or its first), so the replicas' shared replay record is checked on the lane in
+        that call's job, just before the use case, instead of in a hop of its own; a request the
+        route refuses before its use case (a malformed body) is then not recorded as accepted."""
         # One pass over the raw headers (ASGI names are lower-case bytes), as Starlette decodes them.
         found: list[str | None] = [None] * len(_AGENT_HEADERS)
         repeated = False
@@ -154,16 +159,27 @@ class Authenticator:
         if not ok:
             raise Unauthorized()
         if repeat == "once" or (repeat == "repeatable" and nonce is not None):
-            await self._first_sight(agent_id, int(timestamp or "0"), signature, now)
+            await self._first_sight(agent_id, int(timestamp or "0"), signature, now, with_call)
         return AgentCall(agent_id, body, dispatch_id, dispatch_attempt)
 
-    async def _first_sight(self, agent_id: str, timestamp: int, signature: str, now: int) -> None:
+    async def _first_sight(self, agent_id: str, timestamp: int, signature: str, now: int,
+                           with_call: bool = False) -> None:
         """Refuse a signed mutation this replica, or any replica sharing the store, accepted before."""
         if not self.replays.first_sight(agent_id, timestamp, signature, now):
             raise Unauthorized(REPLAYED)
-        if self.shared is not None and not await call(self.shared.first_sight, self.kernel, agent_id, timestamp,
-                                                      signature):
-            self.replays.refused += 1
+        if self.shared is None:
+            return
+        check = functools.partial(self._shared_sight, agent_id, timestamp, signature)
+        if with_call:
+            before_next_call(check)
+        else:
+            await call(check)
+
+    def _shared_sight(self, agent_id: str, timestamp: int, signature: str) -> None:
+        """On the lane: record the request in the replicas' shared table, or refuse a repeat."""
+        assert self.shared is not None
+        if not self.shared.first_sight(self.kernel, agent_id, timestamp, signature):
+            self.replays.count_refused()
             raise Unauthorized(REPLAYED)
 
 

@@ -275,8 +275,30 @@ def lane() -> Lane:
     return _LANE
 
 
+# A check the request's next `call` runs first, in the same lane job (`before_next_call`).
+_BEFORE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("regent_before_call",
+                                                                                    default=None)
+
+
+def before_next_call(check: Callable[[], None]) -> None:
+    """Have this request's next `call` run `check` on the lane first, in the same job: the use case
+    runs only if `check` returns, and the request takes one hop to the lane instead of two (the
+    shared replay guard on PostgreSQL, kernel/api/auth.py). A request that makes no call never
+    runs it."""
+    _BEFORE.set(check)
+
+
+def _checked(check: Callable[[], None], fn: Callable[[], T]) -> T:
+    check()
+    return fn()
+
+
 async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a (blocking) core use case on the kernel's lane (see `Lane.call`)."""
+    check = _BEFORE.get()
+    if check is not None:
+        _BEFORE.set(None)
+        return await _LANE.call(_checked, check, functools.partial(fn, *args, **kwargs))
     return await _LANE.call(fn, *args, **kwargs)
 
 

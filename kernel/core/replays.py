@@ -37,6 +37,11 @@ class ReplayGuard:
     def __len__(self) -> int:
         return len(self._seen)
 
+    def count_refused(self) -> None:
+        """A repeat refused elsewhere (the shared record), counted here for /metrics."""
+        with self._lock:
+            self.refused += 1
+
     def first_sight(self, agent_id: str, timestamp: int, signature: str, now_unix: int) -> bool:
         """Record the request; False when it was seen before (or is at or below the floor)."""
         key = (timestamp, agent_id, signature)  # ordered by timestamp for the heap

@@ -202,6 +202,47 @@ def test_two_replicas_on_one_postgresql_share_the_record(pg_database: str) -> No
 
 
 @pytest.mark.postgres
+def test_the_shared_record_is_checked_in_the_use_cases_lane_job(pg_database: str) -> None:
+    """Hot routes check the shared record on the lane in their use case's job, just before it
+    (kernel/api/threads.py `before_next_call`): a refused request's use case never runs, one
+    whose use case fails stays recorded, and one refused before its use case (a malformed body)
+    is not recorded as accepted."""
+    from sqlalchemy import text
+
+    from tests.conftest import _truncate
+
+    stores = [open_store(pg_database), open_store(pg_database)]
+    _truncate(stores[0])
+    try:
+        kernels = [Kernel(store=s) for s in stores]
+        running = Running(kernels[0])
+        eid, did, att = running.start()
+        s = Signed(running, did, att)
+        stale = Signed(running, did, att + 1)  # a lease the kernel never granted: 409
+        with ServerThread(create_app(kernels[0], dev=True)) as a, ServerThread(create_app(kernels[1], dev=True)) as b, \
+                httpx.Client(timeout=10) as http:
+            beat = stale.request("POST", f"/v0/executions/{eid}/heartbeat")
+            assert send(http, (beat[0], a.url + beat[1], beat[2], beat[3])).status_code == 409
+            assert refused_as_replay(send(http, (beat[0], b.url + beat[1], beat[2], beat[3])))
+            submit = s.request("POST", f"/v0/executions/{eid}/steps", submit_body(), nonce=NONCE)
+            sid = send(http, (submit[0], a.url + submit[1], submit[2], submit[3])).json()["step_id"]
+            bad = s.request("POST", f"/v0/executions/{eid}/steps/{sid}/complete", {"result": 1, "nope": 2})
+            assert send(http, (bad[0], a.url + bad[1], bad[2], bad[3])).status_code == 400
+            assert send(http, (bad[0], b.url + bad[1], bad[2], bad[3])).status_code == 400  # not recorded
+            done = s.request("POST", f"/v0/executions/{eid}/steps/{sid}/complete", {"result": {"ok": True}})
+            assert refused_as_replay(send(http, (done[0], a.url + done[1], done[2], done[3]))) is False
+            assert refused_as_replay(send(http, (done[0], b.url + done[1], done[2], done[3])))
+        with stores[0].engine.connect() as c:
+            assert c.execute(text("SELECT count(*) FROM request_signatures")).scalar_one() == 3
+            n = c.execute(text("SELECT count(*) FROM events WHERE execution_id = :e AND type = 'step.succeeded'"),
+                          {"e": eid}).scalar_one()
+            assert n == 1
+    finally:
+        for st in stores:
+            st.close()
+
+
+@pytest.mark.postgres
 def test_replay_shared_off_keeps_the_record_per_replica(pg_database: str) -> None:
     """REGENT_REPLAY_SHARED=false: each replica refuses its own repeats; the table stays empty."""
     from sqlalchemy import text

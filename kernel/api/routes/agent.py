@@ -143,7 +143,7 @@ class MetadataBody(Strict):
 @_hot("/v0/executions/{execution_id}/steps",
              openapi_extra=schema.operation(SubmitBody, answer=schema.DECISION, overrides=_SUBMIT_ENUMS))
 async def submit_step(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request, "repeatable")
+    a = await auth_of(request).agent(request, "repeatable", with_call=True)
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(SubmitBody, a.body, lexical=True)
     if body.kind not in _KINDS:
@@ -172,7 +172,7 @@ async def submit_step(execution_id: str, request: Request) -> Response:
 
 
 async def _outcome(request: Request, execution_id: str, step_id: str, failed: bool) -> Response:
-    a = await auth_of(request).agent(request, "once")
+    a = await auth_of(request).agent(request, "once", with_call=True)
     eid = uuid_param(execution_id, "execution id")
     if failed:
         fb = parse_model(FailStepBody, a.body)
@@ -202,7 +202,7 @@ async def fail_step(execution_id: str, step_id: str, request: Request) -> Respon
 
 @_hot("/v0/executions/{execution_id}/heartbeat", openapi_extra=schema.operation(ok=204))
 async def heartbeat(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request, "once")
+    a = await auth_of(request).agent(request, "once", with_call=True)
     eid = uuid_param(execution_id, "execution id")
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
     await call(executions.heartbeat, kernel_of(request), a.agent_id, eid, did, attempt)
