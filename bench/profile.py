@@ -100,12 +100,21 @@ def variants(args: argparse.Namespace) -> int:
                 for name, db, target, leases in order:
                     pids = _pg_backends(db) if args.target == "postgres" else []
                     b0 = _backends_cpu(pids)
+                    t0 = _threads(target.server.pid)
                     k = _cpu_per_op(target, leases, args.seconds_per_round, (i + 1) * 10_000_000)
+                    t1 = _threads(target.server.pid)
                     b1 = _backends_cpu(_pg_backends(db) if args.target == "postgres" else [])
-                    backend = sum(v - b0.get(pid, 0.0) for pid, v in b1.items()) * 1000 / max(k[2] + 5 * args.workers, 1)
+                    done = max(k[2] + 5 * args.workers, 1)  # the warm-up's round trips too
+                    backend = sum(v - b0.get(pid, 0.0) for pid, v in b1.items()) * 1000 / done
+                    # The event loop is the main thread (its id is the pid); the others by CPU.
+                    by_name: collections.Counter[str] = collections.Counter()
+                    for tid, (_tname, cpu) in t1.items():
+                        key = "loop" if tid == target.server.pid else f"t{tid}"
+                        by_name[key] += (cpu - t0.get(tid, ("", 0.0))[1]) * 1000 / done
                     figures[name].append((k[0], backend, k[1]))
                     print(f"round {i}: {name:>10} kernel {k[0]:.3f} ms/op · backends {backend:.3f} ms/op · "
-                          f"{k[1]:.0f} op/s", flush=True)
+                          f"{k[1]:.0f} op/s · threads " + ", ".join(f"{n} {v:.3f}" for n, v in by_name.most_common(7)),
+                          flush=True)
             with open("/proc/loadavg") as f:
                 load = " ".join(f.read().split()[:3])
             for name, rows in figures.items():
