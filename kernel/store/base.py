@@ -20,7 +20,7 @@ from kernel.domain import DispatchStatus
 from kernel.errors import StoreUnavailable
 from kernel.store import codec
 from kernel.store import tables as t
-from kernel.store.prepared import PreparedCache
+from kernel.store.prepared import PreparedCache, driver
 from kernel.store.sql import Tx
 
 
@@ -237,7 +237,7 @@ def _insert_new_cache(insert: Any) -> PreparedCache:
 
 
 def _driver_in_transaction(conn: Connection) -> bool:
-    raw: Any = conn.connection.driver_connection
+    raw: Any = driver(conn)
     status = getattr(raw, "in_transaction", None)  # sqlite3
     if status is None:  # psycopg: transaction_status is IDLE (0) outside a transaction
         return int(raw.info.transaction_status) != 0
@@ -258,9 +258,10 @@ def end_transaction(conn: Connection, *, commit: bool) -> None:
         else:
             conn.rollback()
         return
-    if not _driver_in_transaction(conn):
+    raw: Any = driver(conn)
+    status = getattr(raw, "in_transaction", None)  # as _driver_in_transaction, without a second look-up
+    if not (bool(status) if status is not None else int(raw.info.transaction_status) != 0):
         return
-    raw: Any = conn.connection.driver_connection
     try:
         if commit:
             raw.commit()

@@ -31,7 +31,7 @@ _Proc = Callable[[Any], Any] | None
 
 
 class _Plan:
-    __slots__ = ("has_results", "keep_cursor", "names", "plan", "positional", "results", "row", "sql")
+    __slots__ = ("has_results", "keep_cursor", "names", "params", "plan", "positional", "results", "row", "sql")
 
     def __init__(self, stmt: ClauseElement, dialect: Dialect):
         compiled: Any = stmt.compile(dialect=dialect)  # a SQLCompiler (positiontup, binds, processors)
@@ -61,11 +61,18 @@ class _Plan:
             [(i, p) for i, p in enumerate(procs) if p is not None] or None
         )
 
-    def params(self, values: dict[str, Any]) -> Any:
-        get = values.get
-        if self.positional:
-            return [get(n, d) if p is None else p(get(n, d)) for n, p, d in self.plan]
-        return {n: (get(n, d) if p is None else p(get(n, d))) for n, p, d in self.plan}
+        self.params: Callable[[dict[str, Any]], Any] = _binder(self.plan, self.positional)
+
+    def row_of(self, r: Any) -> Any:
+        make = self.row
+        assert make is not None
+        procs = self.results
+        if procs is None:
+            return make(*r)
+        vals = list(r)
+        for i, p in procs:
+            vals[i] = p(vals[i])
+        return make(*vals)
 
     def rows(self, raw: list[Any]) -> list[Any]:
         make = self.row
@@ -82,6 +89,39 @@ class _Plan:
         return out
 
 
+def _binder(plan: tuple[tuple[str, _Proc, Any], ...], positional: bool) -> Callable[[dict[str, Any]], Any]:
+    """The function that turns a dict of values into the driver's parameters, in order, each
+    through its bind processor: generated once per plan as one expression (a list or a dict
+    display), which costs a fraction of a loop over the plan per statement."""
+    ns: dict[str, Any] = {}
+    items = []
+    for i, (name, proc, default) in enumerate(plan):
+        ns[f"d{i}"] = default
+        value = f"get({name!r}, d{i})" if default is not None else f"get({name!r})"
+        if proc is not None:
+            ns[f"p{i}"] = proc
+            value = f"p{i}({value})"
+        items.append(value if positional else f"{name!r}: {value}")
+    body = f"[{', '.join(items)}]" if positional else f"{{{', '.join(items)}}}"
+    exec(f"def bind(values):\n    get = values.get\n    return {body}\n", ns)  # the names come from the compiler
+    return ns["bind"]  # type: ignore[no-any-return]
+
+
+def driver(conn: Connection) -> Any:
+    """The driver connection under `conn` (sqlite3's or psycopg's), kept on the Connection while
+    the pool's connection under it stays the same: through `conn.connection.driver_connection`
+    it is four property calls, and the hot path asks for it about two dozen times a round trip."""
+    fairy = conn._dbapi_connection
+    dbapi = None if fairy is None else fairy.dbapi_connection
+    cached = conn.__dict__.get("_regent_driver")
+    if cached is not None and cached[0] is dbapi and dbapi is not None:
+        return cached[1]
+    raw = conn.connection.driver_connection
+    fairy = conn._dbapi_connection
+    conn.__dict__["_regent_driver"] = (None if fairy is None else fairy.dbapi_connection, raw)
+    return raw
+
+
 def _cursor(conn: Connection) -> Any:
     """The driver connection's cursor for prepared statements, made once and kept with the
     connection (`info` lives as long as the driver connection): on psycopg a new cursor per
@@ -89,7 +129,7 @@ def _cursor(conn: Connection) -> Any:
     info = conn.connection.info
     cur = info.get("regent_cursor")
     if cur is None:
-        cur = info["regent_cursor"] = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cur = info["regent_cursor"] = driver(conn).cursor()
     return cur
 
 
@@ -99,6 +139,9 @@ def _forget_cursor(conn: Connection) -> None:
     if cur is not None:
         with contextlib.suppress(Exception):  # the connection may be gone; its error is raised next
             cur.close()
+
+
+_NO_PARAMS: dict[str, Any] = {}
 
 
 class Prepared:
@@ -122,10 +165,10 @@ class Prepared:
         return plan
 
     def _execute(self, conn: Connection, params: Any, fetch: str, many: bool = False) -> Any:
-        plan = self._plan(conn)
-        args = [plan.params(r) for r in params] if many else plan.params(params or {})
+        plan = self._plans.get(conn.dialect.name) or self._plan(conn)
+        args = [plan.params(r) for r in params] if many else plan.params(params or _NO_PARAMS)
         keep = plan.keep_cursor
-        cur = _cursor(conn) if keep else conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cur = _cursor(conn) if keep else driver(conn).cursor()
         try:
             if many:
                 cur.executemany(plan.sql, args)
@@ -135,7 +178,7 @@ class Prepared:
                 return int(cur.rowcount)
             if fetch == "one":
                 raw = cur.fetchone()
-                return None if raw is None else plan.rows([raw])[0]
+                return None if raw is None else plan.row_of(raw)
             if fetch == "all":
                 return plan.rows(cur.fetchall())
             return None

@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from kernel.errors import ConfigError, StoreUnavailable
 from kernel.store.base import SqlStore, end_transaction
+from kernel.store.prepared import driver
 from kernel.store.sql import Tx
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ class SqliteStore(SqlStore):
         """A transaction inside the open group: a savepoint on its connection."""
         conn = g.conn
         assert conn is not None
-        raw: Any = conn.connection.driver_connection
+        raw: Any = driver(conn)
         g.members.add(g.token)
         g.savepoints += 1
         name = f"regent_g{g.savepoints}"
@@ -210,7 +211,7 @@ class SqliteStore(SqlStore):
             if lock is not None:
                 stack.enter_context(self._keyed_lock(lock))
             conn = stack.enter_context(self._connection())
-            raw = conn.connection.driver_connection
+            raw = driver(conn)
             if write:
                 stack.enter_context(self._write_lock)
                 raw.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
