@@ -35,9 +35,11 @@ class _Plan:
 
     def __init__(self, stmt: ClauseElement, dialect: Dialect):
         compiled: Any = stmt.compile(dialect=dialect)  # a SQLCompiler (positiontup, binds, processors)
-        # psycopg reads a result whole at execute, so one cursor can serve every statement of its
-        # connection; an sqlite3 cursor keeps its statement (and a read snapshot) open until it is
-        # closed or reused, so there each statement has its own.
+        # psycopg reads a result whole at execute, so one cursor kept with the driver connection
+        # serves every statement of it. An sqlite3 cursor keeps its statement (and a read snapshot)
+        # open until its rows are all read, or it is closed or reused: there one cursor is kept per
+        # Connection too, and every statement's rows are read to the end (`_execute`), so none is
+        # left open between statements or past a COMMIT.
         self.keep_cursor = dialect.name != "sqlite"
         self.sql: str = compiled.string
         self.positional: bool = bool(compiled.positional)
@@ -133,12 +135,34 @@ def _cursor(conn: Connection) -> Any:
     return cur
 
 
+def _sqlite_cursor(conn: Connection) -> Any:
+    """SQLite: the cursor prepared statements run on, made once per driver connection and kept on
+    the Connection as `driver` keeps the driver connection (a cursor per statement, made and
+    closed, cost more than binding the statement's parameters)."""
+    fairy = conn._dbapi_connection
+    dbapi = None if fairy is None else fairy.dbapi_connection
+    cached = conn.__dict__.get("_regent_cursor")
+    if cached is not None and cached[0] is dbapi and dbapi is not None:
+        return cached[1]
+    cur = driver(conn).cursor()
+    fairy = conn._dbapi_connection
+    conn.__dict__["_regent_cursor"] = (None if fairy is None else fairy.dbapi_connection, cur)
+    return cur
+
+
 def _forget_cursor(conn: Connection) -> None:
     """After a driver error the next statement gets a fresh cursor."""
     cur = conn.connection.info.pop("regent_cursor", None)
     if cur is not None:
         with contextlib.suppress(Exception):  # the connection may be gone; its error is raised next
             cur.close()
+
+
+def _forget_sqlite_cursor(conn: Connection) -> None:
+    cached = conn.__dict__.pop("_regent_cursor", None)
+    if cached is not None:
+        with contextlib.suppress(Exception):
+            cached[1].close()
 
 
 _NO_PARAMS: dict[str, Any] = {}
@@ -168,17 +192,25 @@ class Prepared:
         plan = self._plans.get(conn.dialect.name) or self._plan(conn)
         args = [plan.params(r) for r in params] if many else plan.params(params or _NO_PARAMS)
         keep = plan.keep_cursor
-        cur = _cursor(conn) if keep else driver(conn).cursor()
+        cur = _cursor(conn) if keep else _sqlite_cursor(conn)
         try:
             if many:
                 cur.executemany(plan.sql, args)
             else:
                 cur.execute(plan.sql, args)
             if fetch == "rowcount":
-                return int(cur.rowcount)
+                n = int(cur.rowcount)
+                if plan.has_results and not keep:
+                    cur.fetchall()  # RETURNING rows nobody reads: the statement ends here
+                return n
             if fetch == "one":
-                raw = cur.fetchone()
-                return None if raw is None else plan.row_of(raw)
+                if keep:
+                    raw = cur.fetchone()
+                    return None if raw is None else plan.row_of(raw)
+                # sqlite3: read to the end, which resets the statement (the hot path's `first`
+                # statements read one row by key).
+                found = cur.fetchall()
+                return plan.row_of(found[0]) if found else None
             if fetch == "all":
                 return plan.rows(cur.fetchall())
             return None
@@ -187,10 +219,9 @@ class Prepared:
             # connection that was lost is invalidated so the pool does not hand it out again.
             if keep:
                 _forget_cursor(conn)
+            else:
+                _forget_sqlite_cursor(conn)
             conn._handle_dbapi_exception(exc, plan.sql, args, cur, None)
-        finally:
-            if not keep:
-                cur.close()
 
     def run(self, conn: Connection, params: dict[str, Any] | None = None) -> int:
         """Execute; returns the driver's rowcount."""
