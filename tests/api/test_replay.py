@@ -5,6 +5,8 @@ a nonce-signed request is refused on any repeat; two replicas on one PostgreSQL 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -14,12 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 
 from kernel.api.app import create_app
 from kernel.core.kernel import Kernel
 from kernel.core.replays import ReplayGuard
 from kernel.signing import sign_request, signature_message
-from kernel.store import open_store
+from kernel.store import SqlStore, open_store
 from tests.conftest import Running
 from tests.support import ServerThread
 
@@ -175,30 +178,48 @@ def test_a_kernel_that_requires_a_nonce_refuses_mutations_without_one(kernel: Ke
         assert ok.json()["decision"] == "proceed"
 
 
-@pytest.mark.postgres
-def test_two_replicas_on_one_postgresql_share_the_record(pg_database: str) -> None:
+@contextlib.contextmanager
+def two_replicas(pg_database: str, **app: Any) -> Iterator[tuple[Replicas, httpx.Client]]:
+    """Two kernels on one (truncated) PostgreSQL database, each served over loopback, and one
+    running execution of the first's agent."""
     from tests.conftest import _truncate
 
     stores = [open_store(pg_database), open_store(pg_database)]
     _truncate(stores[0])
     try:
-        kernels = [Kernel(store=s) for s in stores]
+        kernels = [Kernel(store=st) for st in stores]
         running = Running(kernels[0])
         eid, did, att = running.start()
-        s = Signed(running, did, att)
-        with ServerThread(create_app(kernels[0], dev=True)) as a, ServerThread(create_app(kernels[1], dev=True)) as b, \
-                httpx.Client(timeout=10) as http:
-            beat = s.request("POST", f"/v0/executions/{eid}/heartbeat")
-            _, path, data, headers = beat
-            assert http.post(a.url + path, content=data, headers=headers).status_code == 204
-            r = http.post(b.url + path, content=data, headers=headers)
-            assert refused_as_replay(r), r.text
-            submit = s.request("POST", f"/v0/executions/{eid}/steps", submit_body(), nonce=NONCE)
-            assert http.post(b.url + submit[1], content=submit[2], headers=submit[3]).json()["decision"] == "proceed"
-            assert refused_as_replay(http.post(a.url + submit[1], content=submit[2], headers=submit[3]))
+        with ServerThread(create_app(kernels[0], dev=True, **app)) as a, \
+                ServerThread(create_app(kernels[1], dev=True, **app)) as b, httpx.Client(timeout=10) as http:
+            yield Replicas(stores[0], running, eid, did, att, a.url, b.url), http
     finally:
         for st in stores:
             st.close()
+
+
+@dataclasses.dataclass
+class Replicas:
+    store: SqlStore
+    running: Running
+    eid: str
+    did: str
+    att: int
+    a: str  # the two replicas' base URLs
+    b: str
+
+
+@pytest.mark.postgres
+def test_two_replicas_on_one_postgresql_share_the_record(pg_database: str) -> None:
+    with two_replicas(pg_database) as (r, http):
+        s = Signed(r.running, r.did, r.att)
+        _, path, data, headers = s.request("POST", f"/v0/executions/{r.eid}/heartbeat")
+        assert http.post(r.a + path, content=data, headers=headers).status_code == 204
+        refused = http.post(r.b + path, content=data, headers=headers)
+        assert refused_as_replay(refused), refused.text
+        submit = s.request("POST", f"/v0/executions/{r.eid}/steps", submit_body(), nonce=NONCE)
+        assert http.post(r.b + submit[1], content=submit[2], headers=submit[3]).json()["decision"] == "proceed"
+        assert refused_as_replay(http.post(r.a + submit[1], content=submit[2], headers=submit[3]))
 
 
 @pytest.mark.postgres
@@ -207,66 +228,42 @@ def test_the_shared_record_is_checked_in_the_use_cases_lane_job(pg_database: str
     (kernel/api/threads.py `before_next_call`): a refused request's use case never runs, one
     whose use case fails stays recorded, and one refused before its use case (a malformed body)
     is not recorded as accepted."""
-    from sqlalchemy import text
+    with two_replicas(pg_database) as (r, http):
+        eid = r.eid
 
-    from tests.conftest import _truncate
+        def on(url: str, req: tuple[str, str, bytes, dict[str, str]]) -> httpx.Response:
+            return send(http, (req[0], url + req[1], req[2], req[3]))
 
-    stores = [open_store(pg_database), open_store(pg_database)]
-    _truncate(stores[0])
-    try:
-        kernels = [Kernel(store=s) for s in stores]
-        running = Running(kernels[0])
-        eid, did, att = running.start()
-        s = Signed(running, did, att)
-        stale = Signed(running, did, att + 1)  # a lease the kernel never granted: 409
-        with ServerThread(create_app(kernels[0], dev=True)) as a, ServerThread(create_app(kernels[1], dev=True)) as b, \
-                httpx.Client(timeout=10) as http:
-            beat = stale.request("POST", f"/v0/executions/{eid}/heartbeat")
-            assert send(http, (beat[0], a.url + beat[1], beat[2], beat[3])).status_code == 409
-            assert refused_as_replay(send(http, (beat[0], b.url + beat[1], beat[2], beat[3])))
-            submit = s.request("POST", f"/v0/executions/{eid}/steps", submit_body(), nonce=NONCE)
-            sid = send(http, (submit[0], a.url + submit[1], submit[2], submit[3])).json()["step_id"]
-            bad = s.request("POST", f"/v0/executions/{eid}/steps/{sid}/complete", {"result": 1, "nope": 2})
-            assert send(http, (bad[0], a.url + bad[1], bad[2], bad[3])).status_code == 400
-            assert send(http, (bad[0], b.url + bad[1], bad[2], bad[3])).status_code == 400  # not recorded
-            done = s.request("POST", f"/v0/executions/{eid}/steps/{sid}/complete", {"result": {"ok": True}})
-            assert refused_as_replay(send(http, (done[0], a.url + done[1], done[2], done[3]))) is False
-            assert refused_as_replay(send(http, (done[0], b.url + done[1], done[2], done[3])))
-        with stores[0].engine.connect() as c:
+        s = Signed(r.running, r.did, r.att)
+        stale = Signed(r.running, r.did, r.att + 1)  # a lease the kernel never granted: 409
+        beat = stale.request("POST", f"/v0/executions/{eid}/heartbeat")
+        assert on(r.a, beat).status_code == 409
+        assert refused_as_replay(on(r.b, beat))
+        submit = s.request("POST", f"/v0/executions/{eid}/steps", submit_body(), nonce=NONCE)
+        sid = on(r.a, submit).json()["step_id"]
+        bad = s.request("POST", f"/v0/executions/{eid}/steps/{sid}/complete", {"result": 1, "nope": 2})
+        assert on(r.a, bad).status_code == 400
+        assert on(r.b, bad).status_code == 400  # not recorded
+        done = s.request("POST", f"/v0/executions/{eid}/steps/{sid}/complete", {"result": {"ok": True}})
+        assert refused_as_replay(on(r.a, done)) is False
+        assert refused_as_replay(on(r.b, done))
+        with r.store.engine.connect() as c:
             assert c.execute(text("SELECT count(*) FROM request_signatures")).scalar_one() == 3
             n = c.execute(text("SELECT count(*) FROM events WHERE execution_id = :e AND type = 'step.succeeded'"),
                           {"e": eid}).scalar_one()
             assert n == 1
-    finally:
-        for st in stores:
-            st.close()
 
 
 @pytest.mark.postgres
 def test_replay_shared_off_keeps_the_record_per_replica(pg_database: str) -> None:
     """REGENT_REPLAY_SHARED=false: each replica refuses its own repeats; the table stays empty."""
-    from sqlalchemy import text
-
-    from tests.conftest import _truncate
-
-    stores = [open_store(pg_database), open_store(pg_database)]
-    _truncate(stores[0])
-    try:
-        kernels = [Kernel(store=s) for s in stores]
-        running = Running(kernels[0])
-        eid, did, att = running.start()
-        beat = Signed(running, did, att).request("POST", f"/v0/executions/{eid}/heartbeat")
-        _, path, data, headers = beat
-        with ServerThread(create_app(kernels[0], dev=True, replay_shared=False)) as a, \
-                ServerThread(create_app(kernels[1], dev=True, replay_shared=False)) as b, httpx.Client(timeout=10) as http:
-            assert http.post(a.url + path, content=data, headers=headers).status_code == 204
-            assert refused_as_replay(http.post(a.url + path, content=data, headers=headers))
-            assert http.post(b.url + path, content=data, headers=headers).status_code == 204  # the documented cost
-        with stores[0].engine.connect() as c:
+    with two_replicas(pg_database, replay_shared=False) as (r, http):
+        _, path, data, headers = Signed(r.running, r.did, r.att).request("POST", f"/v0/executions/{r.eid}/heartbeat")
+        assert http.post(r.a + path, content=data, headers=headers).status_code == 204
+        assert refused_as_replay(http.post(r.a + path, content=data, headers=headers))
+        assert http.post(r.b + path, content=data, headers=headers).status_code == 204  # the documented cost
+        with r.store.engine.connect() as c:
             assert c.execute(text("SELECT count(*) FROM request_signatures")).scalar_one() == 0
-    finally:
-        for st in stores:
-            st.close()
 
 
 # -- the bounded cache ---------------------------------------------------------------------------
