@@ -237,7 +237,10 @@ def _insert_new_cache(insert: Any) -> PreparedCache:
 
 
 def _driver_in_transaction(conn: Connection) -> bool:
-    raw: Any = driver(conn)
+    return _raw_in_transaction(driver(conn))
+
+
+def _raw_in_transaction(raw: Any) -> bool:
     status = getattr(raw, "in_transaction", None)  # sqlite3
     if status is None:  # psycopg: transaction_status is IDLE (0) outside a transaction
         return int(raw.info.transaction_status) != 0
@@ -259,8 +262,7 @@ def end_transaction(conn: Connection, *, commit: bool) -> None:
             conn.rollback()
         return
     raw: Any = driver(conn)
-    status = getattr(raw, "in_transaction", None)  # as _driver_in_transaction, without a second look-up
-    if not (bool(status) if status is not None else int(raw.info.transaction_status) != 0):
+    if not _raw_in_transaction(raw):
         return
     try:
         if commit:

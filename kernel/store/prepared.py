@@ -113,15 +113,25 @@ def driver(conn: Connection) -> Any:
     """The driver connection under `conn` (sqlite3's or psycopg's), kept on the Connection while
     the pool's connection under it stays the same: through `conn.connection.driver_connection`
     it is four property calls, and the hot path asks for it about two dozen times a round trip."""
+    return _kept(conn, "_regent_driver", _driver_of)
+
+
+def _driver_of(conn: Connection) -> Any:
+    return conn.connection.driver_connection
+
+
+def _kept(conn: Connection, attr: str, make: Callable[[Connection], Any]) -> Any:
+    """`make(conn)`, kept in the Connection's `attr` for as long as the pool's driver connection
+    under it is the same one (a Connection invalidated and reconnected gets a new one)."""
     fairy = conn._dbapi_connection
     dbapi = None if fairy is None else fairy.dbapi_connection
-    cached = conn.__dict__.get("_regent_driver")
+    cached = conn.__dict__.get(attr)
     if cached is not None and cached[0] is dbapi and dbapi is not None:
         return cached[1]
-    raw = conn.connection.driver_connection
+    value = make(conn)
     fairy = conn._dbapi_connection
-    conn.__dict__["_regent_driver"] = (None if fairy is None else fairy.dbapi_connection, raw)
-    return raw
+    conn.__dict__[attr] = (None if fairy is None else fairy.dbapi_connection, value)
+    return value
 
 
 def _cursor(conn: Connection) -> Any:
@@ -139,15 +149,11 @@ def _sqlite_cursor(conn: Connection) -> Any:
     """SQLite: the cursor prepared statements run on, made once per driver connection and kept on
     the Connection as `driver` keeps the driver connection (a cursor per statement, made and
     closed, cost more than binding the statement's parameters)."""
-    fairy = conn._dbapi_connection
-    dbapi = None if fairy is None else fairy.dbapi_connection
-    cached = conn.__dict__.get("_regent_cursor")
-    if cached is not None and cached[0] is dbapi and dbapi is not None:
-        return cached[1]
-    cur = driver(conn).cursor()
-    fairy = conn._dbapi_connection
-    conn.__dict__["_regent_cursor"] = (None if fairy is None else fairy.dbapi_connection, cur)
-    return cur
+    return _kept(conn, "_regent_cursor", _new_cursor)
+
+
+def _new_cursor(conn: Connection) -> Any:
+    return driver(conn).cursor()
 
 
 def _forget_cursor(conn: Connection) -> None:

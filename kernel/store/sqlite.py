@@ -213,33 +213,29 @@ class SqliteStore(SqlStore):
             conn = stack.enter_context(self._connection())
             raw = driver(conn)
             if write:
-                stack.enter_context(self._write_lock)
-                raw.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
-                try:
-                    yield Tx(self, conn)
-                except BaseException:
-                    end_transaction(conn, commit=False)
-                    raise
-                if g is not None:
-                    g.open(stack.pop_all(), conn)
-                    return
-                end_transaction(conn, commit=True)
-                return
-            raw.execute("BEGIN")  # type: ignore[union-attr]
-            wrote = False
-
-            def escalate() -> Connection:
-                # The same connection switches to a write transaction: a transaction never holds
-                # two pooled connections, so a full pool cannot deadlock against the write lock.
-                nonlocal wrote
-                end_transaction(conn, commit=True)
+                # Nothing slow before the writes: the write lock at BEGIN, no read snapshot first.
+                # No more locks either: they would be taken with the write lock held.
                 stack.enter_context(self._write_lock)
                 raw.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
                 wrote = True
-                return conn
+                tx = Tx(self, conn)
+            else:
+                raw.execute("BEGIN")  # type: ignore[union-attr]
+                wrote = False
 
+                def escalate() -> Connection:
+                    # The same connection switches to a write transaction: a transaction never holds
+                    # two pooled connections, so a full pool cannot deadlock against the write lock.
+                    nonlocal wrote
+                    end_transaction(conn, commit=True)
+                    stack.enter_context(self._write_lock)
+                    raw.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+                    wrote = True
+                    return conn
+
+                tx = Tx(self, conn, escalate, lock_more=lambda eid: self._lock_more(stack, eid))
             try:
-                yield Tx(self, conn, escalate, lock_more=lambda eid: self._lock_more(stack, eid))
+                yield tx
             except BaseException:
                 end_transaction(conn, commit=False)
                 raise
