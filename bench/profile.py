@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import fixtures
 from bench.client import _TICK, drive, proc_cpu, round_trip
@@ -71,6 +72,19 @@ def _backends_cpu(pids: list[int]) -> dict[int, float]:
     return out
 
 
+def _fixture_db(stack: contextlib.ExitStack, args: argparse.Namespace, tmp: Path, name: str,
+                prep: Any) -> tuple[str, Any, Any]:
+    """A fresh database for one kernel (a file on SQLite, a scratch database on PostgreSQL) with
+    the round-trip fixture written into it: its URL, the agent and the round trips' leases."""
+    if args.target == "sqlite":
+        db = f"sqlite:///{tmp}/{name}.db"
+    else:
+        db = stack.enter_context(pg_scratch(args.pg_url))
+    scen = [type("S", (), {"name": "rt", "prepare": staticmethod(prep)})()]
+    agent, prepared = _prepare_kernel(db, scen, QUICK)  # type: ignore[arg-type]
+    return db, agent, prepared["rt"]
+
+
 def variants(args: argparse.Namespace) -> int:
     """Kernels with different settings, alternating rounds; server (and backend) CPU per round trip."""
     specs: list[tuple[str, dict[str, str]]] = []
@@ -84,14 +98,9 @@ def variants(args: argparse.Namespace) -> int:
         with contextlib.ExitStack() as stack:
             live = []
             for name, env in specs:
-                if args.target == "sqlite":
-                    db = f"sqlite:///{tmp}/{name}.db"
-                else:
-                    db = stack.enter_context(pg_scratch(args.pg_url))
-                scen = [type("S", (), {"name": "rt", "prepare": staticmethod(prep)})()]
-                agent, prepared = _prepare_kernel(db, scen, QUICK)  # type: ignore[arg-type]
+                db, agent, leases = _fixture_db(stack, args, tmp, name, prep)
                 srv = stack.enter_context(serve_kernel(name, db, tmp, {**common, **env}))
-                live.append((name, db, Target(args.target, "kernel", srv, agent), prepared["rt"]))
+                live.append((name, db, Target(args.target, "kernel", srv, agent), leases))
             for _, _, target, _ in live:
                 target.server.wait_ready(120)
             figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in specs}
@@ -190,12 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     prep = _rt_prepare(lambda _p: args.workers, "profile")
     try:
         with contextlib.ExitStack() as stack:
-            if args.target == "sqlite":
-                db = f"sqlite:///{tmp}/profile.db"
-            else:
-                db = stack.enter_context(pg_scratch(args.pg_url))
-            scen = [type("S", (), {"name": "rt", "prepare": staticmethod(prep)})()]
-            agent, prepared = _prepare_kernel(db, scen, QUICK)  # type: ignore[arg-type]
+            db, agent, rt_leases = _fixture_db(stack, args, tmp, "profile", prep)
             if args.yappi:
                 port = free_port()
                 argv = [sys.executable, "-m", "bench.yappi_serve", str(Path(args.yappi).resolve()), "serve",
@@ -214,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for i in range(args.rounds):
                 b = _cpu_per_op(bt, bare_leases, 2.0, 0)
-                k = _cpu_per_op(kt, prepared["rt"], 2.0, (i + 1) * 10_000_000)
+                k = _cpu_per_op(kt, rt_leases, 2.0, (i + 1) * 10_000_000)
                 rows.append((b, k))
                 print(f"round {i}: bare {b[0]:.3f} ms/op {b[1]:.0f} op/s · {args.target} {k[0]:.3f} ms/op "
                       f"{k[1]:.0f} op/s · cpu ratio {k[0] / b[0]:.2f}× · throughput {100 * k[1] / b[1]:.1f} %",
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
                 before = _threads(ksrv.pid)
-                k = _cpu_per_op(kt, prepared["rt"], args.seconds, 90_000_000)
+                k = _cpu_per_op(kt, rt_leases, args.seconds, 90_000_000)
                 after = _threads(ksrv.pid)
                 rec.wait(timeout=args.seconds + 60)
                 with open("/proc/loadavg") as f:

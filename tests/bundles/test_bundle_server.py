@@ -79,21 +79,22 @@ def bundle_server(tmp_path: Path) -> Iterator[BundleServer]:
     srv.stop()
 
 
-@pytest.fixture
-def pulled(sqlite_store: SqlStore) -> Iterator[Kernel]:
-    k = Kernel(store=sqlite_store, policy=BundleResolver(sqlite_store))
+def _pulled_kernel(store: SqlStore) -> Iterator[Kernel]:
+    k = Kernel(store=store, policy=BundleResolver(store))
     register_agent(k, AGENT, "http://127.0.0.1:9/webhook", "s3cret", None, keep_policy=True)
     yield k
     k.policy.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def pulled(sqlite_store: SqlStore) -> Iterator[Kernel]:
+    yield from _pulled_kernel(sqlite_store)
 
 
 @pytest.fixture
 def pulled_any(store: SqlStore) -> Iterator[Kernel]:
     """`pulled` on each store (SQLite and the real PostgreSQL)."""
-    k = Kernel(store=store, policy=BundleResolver(store))
-    register_agent(k, AGENT, "http://127.0.0.1:9/webhook", "s3cret", None, keep_policy=True)
-    yield k
-    k.policy.close()  # type: ignore[attr-defined]
+    yield from _pulled_kernel(store)
 
 
 def bundle(tmp: Path, revision: str, *, sign: str | None = "RS256", n: int = 0, scope: str | None = "prod",
