@@ -206,15 +206,6 @@ def fault_class(d: Decision) -> str:
     return "eval-error"
 
 
-def _bucket_key(rule_id: str, per_what: str, inp: PolicyInput) -> str:
-    # As steps.bucket_key, from the input document (the shadow has no Execution object).
-    if per_what == "agent":
-        return f"{rule_id}:agent:{inp.agent_id}"
-    if per_what == "global":
-        return f"{rule_id}:global"
-    return f"{rule_id}:exec:{inp.execution.get('id', '')}"
-
-
 def judge(k: Kernel, policy: ShadowPolicy, ref: ShadowRef, obs: ShadowObservation) -> Judgement:
     """Evaluate the shadow on the active bundle's input, then apply its rate limit and budget the
     way the step path does, but read-only: a bucket the active decision hit is answered with the
@@ -225,7 +216,7 @@ def judge(k: Kernel, policy: ShadowPolicy, ref: ShadowRef, obs: ShadowObservatio
     outcome = d.verdict.value
     spec = d.rate_limit
     if spec is not None and spec.active:
-        key = _bucket_key(d.rule_id, spec.per_what, obs.inp)
+        key = spec.bucket(d.rule_id, obs.inp.agent_id, str(obs.inp.execution.get("id", "")), obs.inp.session)
         view: LimitOutcome
         if obs.limit is not None and key == obs.limit_key and spec == obs.active.rate_limit:
             view = obs.limit

@@ -105,16 +105,6 @@ class StepAnswer:
         return self.step_id is not None
 
 
-def bucket_key(rule_id: str, per_what: str, e: Execution) -> str:
-    if per_what == "agent":
-        return f"{rule_id}:agent:{e.agent_id}"
-    if per_what == "global":
-        return f"{rule_id}:global"
-    if per_what == "session" and e.session is not None:
-        return f"{rule_id}:session:{e.session}"
-    return f"{rule_id}:exec:{e.id}"  # `session` on an execution without one: its own bucket
-
-
 def submit_step(
     k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest,
     judged: Mapping[str, JudgeAnswer] | None = None,
@@ -319,7 +309,7 @@ def _apply_rate_limit(
     spec = d.rate_limit
     if spec is None or not spec.active:
         return None
-    key = bucket_key(d.rule_id, spec.per_what, e)
+    key = spec.bucket(d.rule_id, e.agent_id, e.id, e.session)
     outcome = k.limiter.hit(key, spec)
     if seen is not None:
         seen.limit_key, seen.limit = key, outcome

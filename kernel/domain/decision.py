@@ -42,6 +42,18 @@ class RateLimitSpec:
     def active(self) -> bool:
         return self.max_calls > 0 and self.window_seconds > 0
 
+    def bucket(self, rule_id: str, agent_id: str, execution_id: str, session: str | None) -> str:
+        """The limiter key a call counts against: the rule's bucket per execution, session, agent
+        or for everyone. `session` on an execution without one is the execution's own bucket."""
+        per = self.per_what
+        if per == "agent":
+            return f"{rule_id}:agent:{agent_id}"
+        if per == "global":
+            return f"{rule_id}:global"
+        if per == "session" and session is not None:
+            return f"{rule_id}:session:{session}"
+        return f"{rule_id}:exec:{execution_id}"
+
 
 @dataclass(frozen=True, slots=True)
 class BudgetSpec:
