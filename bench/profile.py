@@ -117,12 +117,17 @@ def variants(args: argparse.Namespace) -> int:
                     backend = sum(v - b0.get(pid, 0.0) for pid, v in b1.items()) * 1000 / done
                     # The event loop is the main thread (its id is the pid); the others by CPU.
                     by_name: collections.Counter[str] = collections.Counter()
-                    for tid, (_tname, cpu) in t1.items():
+                    in_system: dict[str, float] = {}  # of which in the OS kernel (futex, pipe, epoll, fsync)
+                    for tid, (_tname, cpu, sys_cpu) in t1.items():
                         key = "loop" if tid == target.server.pid else f"t{tid}"
-                        by_name[key] += (cpu - t0.get(tid, ("", 0.0))[1]) * 1000 / done
+                        before = t0.get(tid, ("", 0.0, 0.0))
+                        by_name[key] += (cpu - before[1]) * 1000 / done
+                        in_system[key] = (sys_cpu - before[2]) * 1000 / done
+                    system = sum(in_system.values())
                     figures[name].append((k[0], backend, k[1]))
                     print(f"round {i}: {name:>10} kernel {k[0]:.3f} ms/op · backends {backend:.3f} ms/op · "
-                          f"{k[1]:.0f} op/s · threads " + ", ".join(f"{n} {v:.3f}" for n, v in by_name.most_common(7)),
+                          f"{k[1]:.0f} op/s · system {system:.3f} · threads "
+                          + ", ".join(f"{n} {v:.3f} (system {in_system[n]:.3f})" for n, v in by_name.most_common(3)),
                           flush=True)
             with open("/proc/loadavg") as f:
                 load = " ".join(f.read().split()[:3])
@@ -136,14 +141,14 @@ def variants(args: argparse.Namespace) -> int:
     return 0
 
 
-def _threads(pid: int) -> dict[int, tuple[str, float]]:
-    """Thread id → (name, user+system CPU seconds), from /proc."""
+def _threads(pid: int) -> dict[int, tuple[str, float, float]]:
+    """Thread id → (name, user+system CPU seconds, system CPU seconds), from /proc."""
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = (task / "comm").read_text().strip()
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / _TICK)
+            out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / _TICK, int(fields[12]) / _TICK)
         except (OSError, ValueError, IndexError):
             continue
     return out

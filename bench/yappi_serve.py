@@ -3,7 +3,8 @@
     python -m bench.yappi_serve OUT.txt serve --db-url … --host … --port …
 
 The function table (total and own CPU per function, all threads together) is written to OUT.txt
-when the server stops.
+when the server stops, and the same profile as OUT.txt.pstat, for `pstats` (who calls what:
+`pstats.Stats("OUT.txt.pstat").print_callers("get")`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main() -> int:
     finally:
         yappi.stop()
         stats = yappi.get_func_stats()
+        stats.save(out + ".pstat", type="pstat")
         with open(out, "w") as f:
             stats.sort("ttot").print_all(out=f, columns={0: ("name", 90), 1: ("ncall", 10), 2: ("tsub", 8),
                                                           3: ("ttot", 8), 4: ("tavg", 8)})
