@@ -38,4 +38,8 @@ def unix_seconds() -> int:
 
 def rfc3339(when: datetime) -> str:
     """RFC 3339 in UTC with microsecond fraction, `Z` suffix (Rebuno's JSON timestamps)."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if when.tzinfo is not UTC:
+        when = when.astimezone(UTC)
+    # isoformat of the naive value: the same text as strftime("%Y-%m-%dT%H:%M:%S.%fZ") for years
+    # 1000-9999, in a third less time (a step's policy input formats two).
+    return when.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"

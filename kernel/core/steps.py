@@ -380,10 +380,10 @@ def _apply_budget(d: Decision, spend: int) -> Decision:
 def _record(
     k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest, d: Decision, now: datetime
 ) -> StepAnswer:
-    base = Step(
-        step_id=sid, execution_id=e.id, kind=req.kind, target=req.target, args_hash=req.args_hash,
-        occurrence=occurrence, status=StepStatus.EXECUTING, idempotency=req.idempotency,
-    )
+    def row(status: StepStatus, **more: Any) -> Step:
+        return Step(step_id=sid, execution_id=e.id, kind=req.kind, target=req.target, args_hash=req.args_hash,
+                    occurrence=occurrence, status=status, idempotency=req.idempotency, **more)
+
     proposed = ev.step(EventType.STEP_PROPOSED, sid, req.kind, req.target)
     fields = ev.decision_fields(d)
 
@@ -394,7 +394,7 @@ def _record(
         return 1, dlog.bind(policy_record(e, sid, req.kind, req.target, outcome, d, now, reason=reason))
 
     if d.verdict == Verdict.ALLOW:
-        tx.insert_step(dataclasses.replace(base, started_at=now), req.args_text)
+        tx.insert_step(row(StepStatus.EXECUTING, started_at=now), req.args_text)
         tx.append(e.id, now, [
             proposed,
             ev.step(EventType.STEP_ALLOWED, sid, req.kind, req.target, **fields),
@@ -404,7 +404,7 @@ def _record(
     if d.verdict == Verdict.DENY:
         reason = d.reason or "policy_denied"
         error = {"reason": reason, "rule_id": d.rule_id}
-        tx.insert_step(dataclasses.replace(base, status=StepStatus.DENIED, error=error, completed_at=now), req.args_text)
+        tx.insert_step(row(StepStatus.DENIED, error=error, completed_at=now), req.args_text)
         fields["reason"] = reason
         tx.append(e.id, now, [
             proposed,
@@ -422,7 +422,7 @@ def _record(
         agent_id=e.agent_id, kind=req.kind, target=req.target, rule_id=d.rule_id, reason=d.reason or None,
         policy_hash=d.policy_hash or None,
     )
-    tx.insert_step(dataclasses.replace(base, status=StepStatus.AWAITING_APPROVAL), req.args_text)
+    tx.insert_step(row(StepStatus.AWAITING_APPROVAL), req.args_text)
     tx.insert_approval(a)
     tx.retire_dispatches(e.id, now)
     tx.append(e.id, now, [

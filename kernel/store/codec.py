@@ -130,6 +130,19 @@ def to_execution(r: Any, inputs: DecodedInputs | None = None) -> Execution:
     )
 
 
+def execution_of(r: Any, inputs: DecodedInputs) -> Execution:
+    """`to_execution` for a row with every column of the executions table (the step path's entry
+    reads): plain attribute reads instead of a `getattr` with a default per optional column."""
+    output, state, restoration = r.output, r.state, r.restoration
+    return Execution(
+        r.id, r.agent_id, inputs.decode(r.id, r.input), ExecutionStatus(r.status), r.created_at, r.updated_at,
+        None if output is None else json.loads(output), r.failure_reason, r.deadline_at, r.idempotency_key,
+        r.usage_input or 0, r.usage_output or 0, r.created_by, r.session, r.parent_execution_id,
+        r.spawned_step_id, r.previous_execution_id, None if state is None else json.loads(state), r.forked_from,
+        r.fork_seq or 0, r.fork_bundle_id, bool(r.suspended), None if restoration is None else json.loads(restoration),
+    )
+
+
 def to_step(r: Any) -> Step:
     return Step(
         step_id=r.step_id,

@@ -225,7 +225,7 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
         ne, nd = len(E_COLS), len(D_COLS)
         d = r[ne:ne + nd]
         return (
-            codec.to_execution(ERow._make(r[:ne]), self.store.inputs),
+            codec.execution_of(ERow._make(r[:ne]), self.store.inputs),
             codec.to_dispatch(DRow._make(d)) if d[0] is not None else None,
             int(r[ne + nd] or 0),
         )
@@ -242,7 +242,7 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
         ne, nd = len(E_COLS), len(D_COLS)
         d, st = r[ne:ne + nd], r[ne + nd:]
         return (
-            codec.to_execution(ERow._make(r[:ne]), self.store.inputs),
+            codec.execution_of(ERow._make(r[:ne]), self.store.inputs),
             codec.to_step(SRow._make(st)) if st[0] is not None else None,
             codec.to_dispatch(DRow._make(d)) if d[0] is not None else None,
         )

@@ -58,9 +58,19 @@ class UTCDateTime(TypeDecorator[datetime]):
         if dialect.name != "sqlite" or chain is None:
             return chain
 
+        # A use case binds the one `now` it read many times (a step's row, its events, the
+        # execution's updated_at, the decision): the last value formatted, kept by identity,
+        # answers the repeats. One tuple, replaced whole, so threads never see half of one.
+        last: list[tuple[Any, str]] = [(object(), "")]  # never `is` a bound value
+
         def process(value: Any) -> Any:
+            seen = last[0]
+            if seen[0] is value:
+                return seen[1]
             if value.__class__ is datetime and value.tzinfo is UTC:
-                return value.isoformat(" ", "microseconds")[:26]  # without its "+00:00"
+                text = value.isoformat(" ", "microseconds")[:26]  # without its "+00:00"
+                last[0] = (value, text)
+                return text
             return chain(value)
 
         return process

@@ -366,3 +366,31 @@ def test_second_sqlite_store_on_the_same_file_is_refused(tmp_path: Any) -> None:
         first.close()
     again = open_store(f"sqlite:///{path}")  # released on close
     again.close()
+
+
+def test_the_step_paths_entry_reads_decode_an_execution_as_get_execution_does(store: SqlStore) -> None:
+    """submit_context and outcome_context decode the execution row with their own fast path
+    (codec.execution_of): every column must come back as get_execution's reading of it."""
+    agent = _agent(store)
+    parent = _execution(store, agent)
+    eid = new_uuid7()
+    with store.transaction() as tx:
+        tx.insert_execution(Execution(
+            id=eid, agent_id=agent, input={"big": "x" * 5000, "n": [1, 2]}, status=ExecutionStatus.RUNNING,
+            created_at=T0, updated_at=T0, deadline_at=T0 + timedelta(hours=1), idempotency_key="key-1",
+            created_by="bootstrap", session="s-1", parent_execution_id=parent, spawned_step_id="a" * 64,
+            previous_execution_id=parent, forked_from=parent, fork_seq=7, fork_bundle_id=3,
+            restoration={"db": {"covered": True}},
+        ))
+    did = _dispatch(store, eid)
+    with store.transaction(lock=eid) as tx:
+        tx.append(eid, T0 + timedelta(seconds=1), [], output={"done": 1}, state={"turn": 2})
+        tx.add_usage(eid, 11, 22)
+        tx.insert_step(_step(eid, "b" * 64), None)
+    with store.read() as tx:
+        want = tx.get_execution(eid)
+        submit = tx.submit_context(eid, did, "tool_call", "t", HASH)[0]
+        outcome = tx.outcome_context(eid, "b" * 64, did)[0]
+    assert want is not None and want.state == {"turn": 2} and want.usage_output == 22 and want.fork_seq == 7
+    assert submit == want
+    assert outcome == want
