@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.responses import Response
 
 from kernel.clock import rfc3339
 from kernel.domain import Agent, Approval, Event, Execution, Step
+from kernel.jsontext import compact_encoder
 
-_enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-_ascii = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+_encode = compact_encoder(ensure_ascii=False)
+_encode_ascii = compact_encoder(ensure_ascii=True)
 
 
 class JSONResponse(Response):
@@ -19,11 +19,11 @@ class JSONResponse(Response):
 
     def render(self, content: Any) -> bytes:
         try:
-            return (_enc.encode(content) + "\n").encode("utf-8")
+            return (_encode(content) + "\n").encode("utf-8")
         except UnicodeEncodeError:
             # A stored value holds a lone surrogate (accepted losslessly, docs/api.md): answer it
             # as the \uXXXX escape it came in as, every non-ASCII character escaped.
-            return (_ascii.encode(content) + "\n").encode("ascii")
+            return (_encode_ascii(content) + "\n").encode("ascii")
 
 
 def execution_json(e: Execution, children: list[str] | None = None) -> dict[str, Any]:

@@ -20,9 +20,10 @@ from kernel.domain import (
     StepStatus,
 )
 from kernel.domain.approval import APPROVAL_ARGS_MAX_CHARS
+from kernel.jsontext import compact_encoder
 
-_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-_ascii_encoder = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+_encode = compact_encoder(ensure_ascii=False)
+_encode_ascii = compact_encoder(ensure_ascii=True)
 
 
 def dumps(value: Any) -> str:
@@ -30,12 +31,12 @@ def dumps(value: Any) -> str:
     which Python's `surrogateescape` makes routinely) is not UTF-8, so its text is written with
     every non-ASCII character escaped instead: stored losslessly, read back the same. (NUL is
     always escaped in JSON text, so TEXT columns never see one.)"""
-    text = _encoder.encode(value)
+    text = _encode(value)
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            return _ascii_encoder.encode(value)
+            return _encode_ascii(value)
     return text
 
 

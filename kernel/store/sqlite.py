@@ -36,6 +36,46 @@ _UNAVAILABLE = {
 }
 
 
+class _KeyedLock:
+    """One use of a keyed lock (`SqliteStore._keyed_lock`): the entry {key: [lock, users]} lives
+    while anyone holds or waits for it. A plain class rather than a generator context manager:
+    the step path takes two a round trip."""
+
+    __slots__ = ("blocking", "entry", "got", "guard", "key", "locks")
+
+    def __init__(self, locks: dict[str, list[Any]], guard: threading.Lock, key: str, blocking: bool):
+        self.locks, self.guard, self.key, self.blocking = locks, guard, key, blocking
+        self.got = False
+
+    def __enter__(self) -> bool:
+        with self.guard:
+            entry = self.locks.get(self.key)
+            if entry is None:
+                entry = self.locks[self.key] = [threading.Lock(), 0]
+            entry[1] += 1
+        self.entry = entry
+        try:
+            self.got = entry[0].acquire(self.blocking)
+        except BaseException:
+            self._leave()
+            raise
+        return self.got
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.got:
+                self.entry[0].release()
+        finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        with self.guard:
+            entry = self.entry
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.locks[self.key]
+
+
 class SqliteStore(SqlStore):
     dialect = "sqlite"
     insert = staticmethod(sqlite_insert)
@@ -249,26 +289,9 @@ class SqliteStore(SqlStore):
     def _lock_more(self, stack: ExitStack, key: str) -> None:
         stack.enter_context(self._keyed_lock(key))
 
-    @contextmanager
-    def _keyed_lock(self, key: str, blocking: bool = True) -> Iterator[bool]:
+    def _keyed_lock(self, key: str, blocking: bool = True) -> _KeyedLock:
         """Hold the lock of `key` for the block; with blocking=False, yields whether it was free."""
-        with self._locks_guard:
-            entry = self._locks.get(key)
-            if entry is None:
-                entry = self._locks[key] = [threading.Lock(), 0]
-            entry[1] += 1
-        try:
-            got = entry[0].acquire(blocking)
-            try:
-                yield got
-            finally:
-                if got:
-                    entry[0].release()
-        finally:
-            with self._locks_guard:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._locks[key]
+        return _KeyedLock(self._locks, self._locks_guard, key, blocking)
 
     def unavailable_reason(self, exc: BaseException) -> str | None:
         orig = exc.orig if isinstance(exc, DBAPIError) else exc
