@@ -50,6 +50,12 @@ def loads(text: str | None) -> Any:
 
 _MISS = object()
 
+# Stored status text -> member: a dict lookup where calling the enum costs a microsecond; a text
+# not in the dict (none is) still goes to the enum, which refuses it as before.
+_EXECUTION_STATUS = {s.value: s for s in ExecutionStatus}
+_STEP_STATUS = {s.value: s for s in StepStatus}
+_DISPATCH_STATUS = {s.value: s for s in DispatchStatus}
+
 
 class DecodedInputs:
     """Execution inputs already decoded, by execution id, for the step path.
@@ -136,7 +142,8 @@ def execution_of(r: Any, inputs: DecodedInputs) -> Execution:
     reads): plain attribute reads instead of a `getattr` with a default per optional column."""
     output, state, restoration = r.output, r.state, r.restoration
     return Execution(
-        r.id, r.agent_id, inputs.decode(r.id, r.input), ExecutionStatus(r.status), r.created_at, r.updated_at,
+        r.id, r.agent_id, inputs.decode(r.id, r.input), _EXECUTION_STATUS.get(r.status) or ExecutionStatus(r.status),
+        r.created_at, r.updated_at,
         None if output is None else json.loads(output), r.failure_reason, r.deadline_at, r.idempotency_key,
         r.usage_input or 0, r.usage_output or 0, r.created_by, r.session, r.parent_execution_id,
         r.spawned_step_id, r.previous_execution_id, None if state is None else json.loads(state), r.forked_from,
@@ -152,7 +159,7 @@ def to_step(r: Any) -> Step:
         target=r.target,
         args_hash=r.args_hash,
         occurrence=r.occurrence,
-        status=StepStatus(r.status),
+        status=_STEP_STATUS.get(r.status) or StepStatus(r.status),
         idempotency=r.idempotency,
         args=loads(r.args),
         result=loads(r.result),
@@ -213,7 +220,7 @@ def to_dispatch(r: Any) -> Dispatch:
     return Dispatch(
         id=r.id,
         execution_id=r.execution_id,
-        status=DispatchStatus(r.status),
+        status=_DISPATCH_STATUS.get(r.status) or DispatchStatus(r.status),
         attempt=r.attempt,
         max_attempts=r.max_attempts,
         next_attempt_at=r.next_attempt_at,

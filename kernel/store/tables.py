@@ -84,6 +84,8 @@ class UTCDateTime(TypeDecorator[datetime]):
         def process(value: Any) -> Any:
             if value.__class__ is str and len(value) == 26 and value[19] == ".":  # the storage format
                 return parse(value + "+00:00")  # tzinfo is then the UTC singleton, as replace gives
+            if value is None:  # NULL: an unset deadline, a step not completed yet
+                return None
             return chain(value)
 
         return process
