@@ -141,7 +141,7 @@ def _submit_step(
 ) -> StepAnswer:
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
-        e0, d, occurrence = tx.submit_context(execution_id, dispatch_id, req.kind, req.target, req.args_hash)
+        e0, d, occurrence, at = tx.submit_context(execution_id, dispatch_id, req.kind, req.target, req.args_hash)
         e = owned(e0, agent_id)
         if e.status.is_terminal:
             return StepAnswer("execution_terminal")
@@ -149,7 +149,9 @@ def _submit_step(
             raise LeaseSuperseded()
         sid = compute_step_id(execution_id, req.kind, req.target, req.args_hash, occurrence)
         declared = resources.require_registered(tx, execution_id, req.resources) if req.resources else None
-        existing = tx.get_step(sid)
+        # The step recorded at this call's identity and occurrence is the one `sid` names (the id
+        # is a hash of them); a row under another id there would be a collision: read by id then.
+        existing = at if at is None or at.step_id == sid else tx.get_step(sid)
         if existing is None and e.forked_from is not None:
             existing = _lent(tx, e, sid, occurrence, req, now)
         if existing is not None:

@@ -57,6 +57,7 @@ from kernel.store.statements import (
     OUTCOME_CONTEXT,
     OUTCOME_EVENT_TYPES,
     POLICY_CONTENT,
+    S_COLS,
     SET_OUTCOME_SEQ,
     SUBMIT_CONTEXT,
     TERMINAL_EXECUTIONS,
@@ -65,6 +66,7 @@ from kernel.store.statements import (
     UPDATE_STEP,
     DRow,
     ERow,
+    PolicyRef,
     SRow,
 )
 
@@ -78,6 +80,7 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
         self._conn = conn
         self._escalate = escalate
         self._lock_more = lock_more
+        self._policy_ref: tuple[str, Any] | None = None  # (agent id, its active revision) read ahead
 
     def lock_execution(self, execution_id: str) -> None:
         """Take one more execution's lock inside this transaction (session admission: the session
@@ -141,6 +144,7 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
 
     # -- policy revisions -----------------------------------------------------------------
     def add_policy_revision(self, agent_id: str, kind: str, revision: str, content: str, now: datetime) -> int:
+        self._policy_ref = None  # what submit_context read ahead no longer holds
         seq = self.w.execute(
             select(func.coalesce(func.max(t.policy_revisions.c.seq), 0)).where(
                 t.policy_revisions.c.agent_id == agent_id
@@ -160,6 +164,7 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
         return int(seq)
 
     def activate_policy_revision(self, agent_id: str, seq: int) -> bool:
+        self._policy_ref = None  # what submit_context read ahead no longer holds
         exists = self.conn.execute(
             select(t.policy_revisions.c.id).where(
                 t.policy_revisions.c.agent_id == agent_id, t.policy_revisions.c.seq == seq
@@ -177,6 +182,9 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
     def active_policy_ref(self, agent_id: str) -> Any:
         """(id, agent_id, kind, revision, content_hash) of the agent's active revision, without its
         content."""
+        ahead = self._policy_ref
+        if ahead is not None and ahead[0] == agent_id:
+            return ahead[1]
         return ACTIVE_POLICY_REF.first(self.conn, {"agent_id": agent_id})
 
     def policy_content(self, revision_id: int) -> str | None:
@@ -200,6 +208,7 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
         )
 
     def clear_policy(self, agent_id: str) -> None:
+        self._policy_ref = None  # what submit_context read ahead no longer holds
         self.w.execute(
             update(t.policy_revisions)
             .where(t.policy_revisions.c.agent_id == agent_id)
@@ -213,21 +222,27 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
 
     def submit_context(
         self, execution_id: str, dispatch_id: str, kind: str, target: str, args_hash: str
-    ) -> tuple[Execution | None, Dispatch | None, int]:
-        """One read for a submit: the execution, the named dispatch and the occurrence counter."""
+    ) -> tuple[Execution | None, Dispatch | None, int, Step | None]:
+        """One read for a submit: the execution, the named dispatch, the occurrence counter of
+        (kind, target, args_hash) in that dispatch, and the step the execution recorded at that
+        identity and occurrence (the one the call's step id names), if any."""
         r = SUBMIT_CONTEXT.first(
             self.conn,
             {"execution_id": execution_id, "dispatch_id": dispatch_id, "kind": kind, "target": target,
              "args_hash": args_hash},
         )
         if r is None:
-            return None, None, 0
-        ne, nd = len(E_COLS), len(D_COLS)
-        d = r[ne:ne + nd]
+            return None, None, 0, None
+        ne, nd, ns = len(E_COLS), len(D_COLS), len(S_COLS)
+        d, st, pr = r[ne:ne + nd], r[ne + nd + 1:ne + nd + 1 + ns], r[ne + nd + 1 + ns:]
+        e = codec.execution_of(ERow._make(r[:ne]), self.store.inputs)
+        # The policy decision in this transaction reads it from here (`active_policy_ref`).
+        self._policy_ref = (e.agent_id, PolicyRef._make(pr) if pr[0] is not None else None)
         return (
-            codec.execution_of(ERow._make(r[:ne]), self.store.inputs),
+            e,
             codec.to_dispatch(DRow._make(d)) if d[0] is not None else None,
             int(r[ne + nd] or 0),
+            codec.to_step(SRow._make(st)) if st[0] is not None else None,
         )
 
     def outcome_context(

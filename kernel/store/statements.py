@@ -13,6 +13,7 @@ from sqlalchemy import (
     BigInteger,
     String,
     Text,
+    and_,
     bindparam,
     func,
     insert,
@@ -77,13 +78,37 @@ S_COLS = tuple(t.steps.c)
 ERow = namedtuple("ERow", [c.key for c in E_COLS])  # type: ignore[misc]
 DRow = namedtuple("DRow", [c.key for c in D_COLS])  # type: ignore[misc]
 SRow = namedtuple("SRow", [c.key for c in S_COLS])  # type: ignore[misc]
+# The agent's active policy revision, without its content (what the resolver looks up per decision).
+P_COLS = (t.policy_revisions.c.id, t.policy_revisions.c.agent_id, t.policy_revisions.c.kind,
+          t.policy_revisions.c.revision, t.policy_revisions.c.content_hash)
+PolicyRef = namedtuple("PolicyRef", [c.key for c in P_COLS])  # type: ignore[misc]
+# A submit's read also takes the agent's active policy revision (the decision's one lookup, read
+# ahead: `Tx.active_policy_ref`) and the step recorded at the call's identity (execution, kind, target,
+# args hash, occurrence: the steps table's unique key, so one index lookup), which is the step the
+# call's deterministic id names: one statement instead of a second read by step id.
 SUBMIT_CONTEXT = Prepared(
     select(
         *E_COLS,
         *D_COLS,
         _consumed().scalar_subquery().label("consumed"),
+        *S_COLS,
+        *P_COLS,
     )
-    .select_from(t.executions.outerjoin(t.dispatches, t.dispatches.c.id == param("dispatch_id")))
+    .select_from(
+        t.executions.outerjoin(t.dispatches, t.dispatches.c.id == param("dispatch_id")).outerjoin(
+            t.policy_revisions,
+            and_(t.policy_revisions.c.agent_id == t.executions.c.agent_id, t.policy_revisions.c.active.is_(True)),
+        ).outerjoin(
+            t.steps,
+            and_(
+                t.steps.c.execution_id == t.executions.c.id,
+                t.steps.c.kind == param("kind"),
+                t.steps.c.target == param("target"),
+                t.steps.c.args_hash == param("args_hash"),
+                t.steps.c.occurrence == func.coalesce(_consumed().scalar_subquery(), 0),
+            ),
+        )
+    )
     .where(t.executions.c.id == param("execution_id"))
 )
 OUTCOME_CONTEXT = Prepared(
@@ -107,10 +132,7 @@ ADD_USAGE = Prepared(
     )
 )
 ACTIVE_POLICY_REF = Prepared(
-    select(
-        t.policy_revisions.c.id, t.policy_revisions.c.agent_id, t.policy_revisions.c.kind,
-        t.policy_revisions.c.revision, t.policy_revisions.c.content_hash,
-    ).where(t.policy_revisions.c.agent_id == param("agent_id"), t.policy_revisions.c.active.is_(True))
+    select(*P_COLS).where(t.policy_revisions.c.agent_id == param("agent_id"), t.policy_revisions.c.active.is_(True))
 )
 POLICY_CONTENT = Prepared(select(t.policy_revisions.c.content).where(t.policy_revisions.c.id == param("id")))
 INSERT_STEP = Prepared(insert(t.steps))

@@ -51,16 +51,69 @@ def test_submit_context_answers_what_the_three_reads_answer(store: SqlStore) -> 
     with store.transaction(lock=eid) as tx:
         tx.advance_counter(did, "tool_call", "shell.run", HASH, 3)
     with store.read() as tx:
-        e, d, n = tx.submit_context(eid, did, "tool_call", "shell.run", HASH)
-        assert e == tx.get_execution(eid) and d == tx.get_dispatch(did)
+        e, d, n, step = tx.submit_context(eid, did, "tool_call", "shell.run", HASH)
+        assert e == tx.get_execution(eid) and d == tx.get_dispatch(did) and step is None
         assert n == tx.get_counter(did, "tool_call", "shell.run", HASH) == 3
         assert e is not None and e.input == {"i": 1} and e.status == ExecutionStatus.RUNNING
         assert d is not None and d.attempt == 2 and d.status == DispatchStatus.IN_FLIGHT
         # Another call's counter, a dispatch that does not exist, an execution that does not exist.
         assert tx.submit_context(eid, did, "tool_call", "shell.other", HASH)[2] == 0
-        e2, d2, n2 = tx.submit_context(eid, new_uuid7(), "tool_call", "shell.run", HASH)
+        e2, d2, n2, _ = tx.submit_context(eid, new_uuid7(), "tool_call", "shell.run", HASH)
         assert e2 == e and d2 is None and n2 == 0
-        assert tx.submit_context(new_uuid7(), did, "tool_call", "shell.run", HASH) == (None, None, 0)
+        assert tx.submit_context(new_uuid7(), did, "tool_call", "shell.run", HASH) == (None, None, 0, None)
+
+
+def test_submit_context_reads_the_step_at_the_calls_identity_and_occurrence(store: SqlStore) -> None:
+    """The fourth value is the step recorded for (execution, kind, target, args_hash) at the
+    dispatch's occurrence counter: the step a submit's id names, read in the same statement."""
+    eid, did = _setup(store)
+
+    def step(sid: str, target: str, occurrence: int) -> Step:
+        return Step(step_id=sid, execution_id=eid, kind="tool_call", target=target, args_hash=HASH,
+                    occurrence=occurrence, status=StepStatus.SUCCEEDED, idempotency="safe_to_retry",
+                    result={"n": occurrence}, completed_at=T0)
+
+    with store.transaction(lock=eid) as tx:
+        tx.insert_step(step("a" * 64, "shell.run", 0), None)
+        tx.insert_step(step("b" * 64, "shell.run", 1), None)
+        tx.insert_step(step("c" * 64, "shell.other", 1), None)
+    with store.read() as tx:
+        at0 = tx.submit_context(eid, did, "tool_call", "shell.run", HASH)[3]  # no counter yet: occurrence 0
+        assert at0 == tx.get_step("a" * 64)
+    with store.transaction(lock=eid) as tx:
+        tx.advance_counter(did, "tool_call", "shell.run", HASH, 1)
+    with store.read() as tx:
+        assert tx.submit_context(eid, did, "tool_call", "shell.run", HASH)[2:] == (1, tx.get_step("b" * 64))
+        assert tx.submit_context(eid, did, "tool_call", "shell.other", HASH)[2:] == (0, None)  # its own counter
+        assert tx.submit_context(eid, did, "llm_call", "shell.run", HASH)[3] is None  # another kind
+    with store.transaction(lock=eid) as tx:
+        tx.advance_counter(did, "tool_call", "shell.run", HASH, 2)
+    with store.read() as tx:
+        assert tx.submit_context(eid, did, "tool_call", "shell.run", HASH)[2:] == (2, None)  # nothing recorded there
+
+
+def test_submit_context_reads_the_agents_active_policy_ahead_for_the_decision(store: SqlStore) -> None:
+    """`active_policy_ref` after a submit_context in the same transaction answers what it read
+    (the agent's active revision, or None), without a statement of its own; a policy change in
+    that transaction is read afresh."""
+    eid, did = _setup(store)
+    with store.read() as tx:
+        tx.submit_context(eid, did, "tool_call", "shell.run", HASH)
+        assert tx.active_policy_ref("agent") is None
+    with store.transaction() as tx:
+        tx.add_policy_revision("agent", "yaml", "r1", "default_action: allow\n", T0)
+        tx.add_policy_revision("agent", "yaml", "r2", "default_action: deny\n", T0)
+    with store.read() as tx:
+        fresh = tx.active_policy_ref("agent")
+    with store.transaction(lock=eid) as tx:
+        tx.submit_context(eid, did, "tool_call", "shell.run", HASH)
+        ahead = tx.active_policy_ref("agent")
+        assert ahead is not None and fresh is not None
+        assert (ahead.id, ahead.agent_id, ahead.kind, ahead.revision, ahead.content_hash) == tuple(fresh)
+        assert ahead.revision == "r2"
+        tx.activate_policy_revision("agent", 1)
+        assert tx.active_policy_ref("agent").revision == "r1"
+        assert tx.active_policy_ref("other") is None
 
 
 def test_outcome_context_answers_what_the_three_reads_answer(store: SqlStore) -> None:
