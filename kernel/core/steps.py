@@ -157,13 +157,14 @@ def _submit_step(
         if existing is not None:
             _renew(tx, dispatch_id, execution_id, attempt, now)
             answer = _answer_existing(tx, existing, req, now)
+            tx.advance_counter(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
         elif e.status == ExecutionStatus.BLOCKED:
             return StepAnswer("execution_blocked")
         else:
+            # A step recorded now advances its counter with its own writes (`_record`).
             answer = _decide_new(k, tx, e, sid, occurrence, req, dispatch_id, attempt, now, judged, seen)
             if not answer.recorded:
                 return answer
-        tx.advance_counter(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
         if declared is not None and answer.decision == "proceed":
             answer = dataclasses.replace(
                 answer, resources=resources.advance(tx, execution_id, declared, bump=existing is None))
@@ -284,7 +285,8 @@ def _decide_new(
                                                  seen.limit_key, seen.limit)
         decision = final
     _renew(tx, dispatch_id, e.id, attempt, now)
-    answer = _record(k, tx, e, sid, occurrence, req, decision, now)
+    answer = _record(k, tx, e, sid, occurrence, req, decision, now,
+                     counter=(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1))
     dlog.note_step(k, e, sid, inp, decision, _DECISION_EVENTS[decision.verdict].value, now)
     return answer
 
@@ -380,8 +382,11 @@ def _apply_budget(d: Decision, spend: int) -> Decision:
 
 
 def _record(
-    k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest, d: Decision, now: datetime
+    k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest, d: Decision, now: datetime,
+    counter: tuple[str, str, str, str, int],
 ) -> StepAnswer:
+    """Write a step decided now: its row, its events, its decision record and its occurrence
+    counter's advance (`counter`), on PostgreSQL in one statement (`Tx.append`)."""
     def row(status: StepStatus, **more: Any) -> Step:
         return Step(step_id=sid, execution_id=e.id, kind=req.kind, target=req.target, args_hash=req.args_hash,
                     occurrence=occurrence, status=status, idempotency=req.idempotency, **more)
@@ -396,22 +401,22 @@ def _record(
         return 1, dlog.bind(policy_record(e, sid, req.kind, req.target, outcome, d, now, reason=reason))
 
     if d.verdict == Verdict.ALLOW:
-        tx.insert_step(row(StepStatus.EXECUTING, started_at=now), req.args_text)
         tx.append(e.id, now, [
             proposed,
             ev.step(EventType.STEP_ALLOWED, sid, req.kind, req.target, **fields),
             ev.step(EventType.STEP_EXECUTING, sid, req.kind, req.target),
-        ], decision=record(DecisionOutcome.ALLOWED))
+        ], decision=record(DecisionOutcome.ALLOWED), step=(row(StepStatus.EXECUTING, started_at=now), req.args_text),
+            counter=counter)
         return StepAnswer("proceed", sid, decided_rule=d.rule_id)
     if d.verdict == Verdict.DENY:
         reason = d.reason or "policy_denied"
         error = {"reason": reason, "rule_id": d.rule_id}
-        tx.insert_step(row(StepStatus.DENIED, error=error, completed_at=now), req.args_text)
         fields["reason"] = reason
         tx.append(e.id, now, [
             proposed,
             ev.step(EventType.STEP_DENIED, sid, req.kind, req.target, error=error, **fields),
-        ], decision=record(DecisionOutcome.DENIED, reason))
+        ], decision=record(DecisionOutcome.DENIED, reason),
+            step=(row(StepStatus.DENIED, error=error, completed_at=now), req.args_text), counter=counter)
         return StepAnswer("denied", sid, reason=reason, rule_id=d.rule_id, decided_rule=d.rule_id)
     # require_approval: the execution blocks and its lease is released until a human decides.
     cfg = d.approval
@@ -432,7 +437,7 @@ def _record(
         ev.step(EventType.STEP_AWAITING_APPROVAL, sid, req.kind, req.target, **fields),
         ev.approval(EventType.APPROVAL_REQUESTED, a, "pending"),
         ev.execution(EventType.EXECUTION_BLOCKED, e.id, ExecutionStatus.BLOCKED),
-    ], status=ExecutionStatus.BLOCKED, decision=record(DecisionOutcome.AWAITING_APPROVAL))
+    ], status=ExecutionStatus.BLOCKED, decision=record(DecisionOutcome.AWAITING_APPROVAL), counter=counter)
     return StepAnswer("blocked", sid, approval_id=a.id, decided_rule=d.rule_id)
 
 
@@ -463,12 +468,11 @@ def record_outcome(
         if s.status != StepStatus.EXECUTING:
             raise Conflict(f"conflict: cannot record outcome for step in status {s.status.value}")
         check_attempt(d, execution_id, attempt)
-        # The outcome event first, so the step's one update also records that event's seq
-        # (outcome_seq, which a fork's lineage reads).
+        # The outcome event and the step's update together, so that update also records the
+        # event's seq (outcome_seq, which a fork's lineage reads): on PostgreSQL one statement.
         if failed:
             seq = tx.append(execution_id, now, [ev.step(EventType.STEP_FAILED, step_id, s.kind, s.target, error=error)],
-                            mark_outcomes=False)
-            tx.update_step(step_id, status=StepStatus.FAILED, error=error, completed_at=now, outcome_seq=seq)
+                            outcome=(step_id, {"status": StepStatus.FAILED, "error": error, "completed_at": now}))
             resources.record_captures(tx, execution_id, now, captures or [], capture_failures or [], at_seq=seq)
             return StepAnswer("recorded")
         usage = parse_usage(result) if s.kind == StepKind.LLM_CALL else None
@@ -479,8 +483,7 @@ def record_outcome(
             extra["usage"] = {"input_tokens": usage[0], "output_tokens": usage[1]}
             tx.add_usage(execution_id, usage[0], usage[1])
         seq = tx.append(execution_id, now, [ev.step(EventType.STEP_SUCCEEDED, step_id, s.kind, s.target, **extra)],
-                        mark_outcomes=False)
-        tx.update_step(step_id, **values, outcome_seq=seq)
+                        outcome=(step_id, values))
         resources.record_captures(tx, execution_id, now, captures or [], capture_failures or [], at_seq=seq)
         return StepAnswer("recorded")
 

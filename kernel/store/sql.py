@@ -389,16 +389,25 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
     # -- events ---------------------------------------------------------------------------
     def append(
         self, execution_id: str, now: datetime, events: Sequence[tuple[str, dict[str, Any]]],
-        *, decision: tuple[int, DecisionRecord] | None = None, mark_outcomes: bool = True, **execution_values: Any,
+        *, decision: tuple[int, DecisionRecord] | None = None,
+        step: tuple[Step, str | None] | None = None, counter: tuple[str, str, str, str, int] | None = None,
+        outcome: tuple[str, dict[str, Any]] | None = None, **execution_values: Any,
     ) -> int:
         """Append events with gapless seqs and apply execution updates: on PostgreSQL in one
-        statement (with the decision's journal row too), elsewhere in two or three.
+        statement (with the decision's journal row, the new step and its counter too), elsewhere
+        in two or more.
 
         `decision`: (index in `events` of the decision event, its record): the decisions row is
         written in this transaction, with that event's seq. Must run under the execution's lock.
-        `mark_outcomes=False`: the caller writes an outcome event's seq on its step itself, with
-        the step's own update (record_outcome: one statement fewer). Returns the last seq written.
+        An outcome event (step.succeeded, step.failed, step.denied) writes its seq on its step.
+        `step`: (a step decided now, its args text), inserted as `insert_step` would, before the
+        events. `counter`: (dispatch_id, kind, target, args_hash, to), advanced as
+        `advance_counter` would. `outcome` (not with `step`): (a recorded step whose outcome
+        event is in `events`, the values `update_step` would set), that update with the event's
+        seq. Returns the last seq written.
         """
+        if step is not None and outcome is not None:
+            raise ValueError("a step is either written new or updated with its outcome, not both")
         n = len(events)
         if "status" in execution_values:
             execution_values["status"] = str(execution_values["status"])
@@ -410,27 +419,60 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
         params: dict[str, Any] | None = None
         if decision is not None:
             params = decision_params(decision[1])
+        marked = None  # a step whose outcome seq the one statement wrote
+        changed: tuple[int, str, dict[str, Any]] | None = None
+        if outcome is not None:
+            sid, step_values = outcome
+            at = next((i for i, (typ, payload) in enumerate(events)
+                       if typ in OUTCOME_EVENT_TYPES and payload.get("step_id") == sid), None)
+            if at is None:
+                raise ValueError(f"no outcome event of step {sid} in the batch")
+            changed, marked = (at, sid, step_values), sid
         if 0 < n <= MAX_EVENT_ROWS and self.store.dialect == "postgresql":
-            # One statement: the seq advance feeds the events' INSERT (and the journal row's).
+            # One statement: the seq advance feeds the events' INSERT (and the journal row's, the
+            # step's and the counter's).
             values = {"_id": execution_id, "_n": n, **execution_values}
             for i, (typ, payload) in enumerate(events):
                 values[f"type_{i}"], values[f"payload_{i}"] = str(typ), codec.dumps(payload)
             if params is not None:
                 values.update({f"d_{c}": v for c, v in params.items() if c != "event_seq"})
             index = decision[0] if decision is not None else None
-            written = APPEND_WITH_EVENTS.get((keys, n, index)).all(self.w, values)
+            new_step = None  # the new step's outcome event index, -1 for none
+            if step is not None:
+                sid = step[0].step_id
+                new_step = next((i for i, (typ, payload) in enumerate(events)
+                                 if typ in OUTCOME_EVENT_TYPES and payload.get("step_id") == sid), -1)
+                marked = sid if new_step >= 0 else None
+                values.update({f"s_{c}": v for c, v in _step_values(*step).items()})
+            if counter is not None:
+                values.update(zip(("c_dispatch_id", "c_kind", "c_target", "c_args_hash", "c_consumed"), counter,
+                                  strict=True))
+            spec_outcome = None
+            if changed is not None:
+                stored = _step_update_values(changed[2])
+                spec_outcome = (changed[0], tuple(sorted(stored)))
+                values["u__id"] = changed[1]
+                values.update({f"u_{c}": v for c, v in stored.items()})
+            spec = (keys, n, index, new_step, counter is not None, spec_outcome)
+            written = APPEND_WITH_EVENTS.get(spec).all(self.w, values)
             if not written:
                 raise LookupError(f"execution {execution_id} not found")
             last = max(r[0] for r in written)
         else:
+            if step is not None:
+                self.insert_step(*step)
             last = APPEND.get(keys).scalar(self.w, {"_id": execution_id, "_n": n, **execution_values})
             if last is None:
                 raise LookupError(f"execution {execution_id} not found")
             if n:
                 self._insert_events(execution_id, now, events, last, decision, params)
+            if counter is not None:
+                self.advance_counter(*counter)
+            if changed is not None:
+                self.update_step(changed[1], **changed[2], outcome_seq=last - n + 1 + changed[0])
         first = last - n + 1
-        for i, (typ, payload) in enumerate(events if mark_outcomes else ()):
-            if typ in OUTCOME_EVENT_TYPES and "step_id" in payload:
+        for i, (typ, payload) in enumerate(events):
+            if typ in OUTCOME_EVENT_TYPES and "step_id" in payload and payload["step_id"] != marked:
                 SET_OUTCOME_SEQ.run(self.w, {"_id": payload["step_id"], "seq": first + i})
         return int(last)
 
@@ -509,27 +551,7 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
         return out
 
     def insert_step(self, s: Step, args_text: str | None) -> None:
-        INSERT_STEP.run(
-            self.w,
-            {
-                "step_id": s.step_id,
-                "execution_id": s.execution_id,
-                "kind": s.kind,
-                "target": s.target,
-                "args_hash": s.args_hash,
-                "occurrence": s.occurrence,
-                "status": s.status.value,
-                "idempotency": s.idempotency,
-                "args": args_text,
-                "result": None,
-                "error": codec.dumps_or_none(s.error),
-                "usage_input": 0,
-                "usage_output": 0,
-                "started_at": s.started_at,
-                "completed_at": s.completed_at,
-                "outcome_seq": None,
-            },
-        )
+        INSERT_STEP.run(self.w, _step_values(s, args_text))
 
     def lend_step(self, source_step_id: str, cutoff: int, step_id: str, execution_id: str) -> Step | None:
         """A fork's lineage: the source's step `source_step_id`, when its outcome (succeeded,
@@ -545,11 +567,7 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
 
     def update_step(self, step_id: str, **values: Any) -> bool:
         """Update a step unless it is terminal: a terminal outcome is never overwritten."""
-        for key in ("result", "error"):
-            if key in values:
-                values[key] = codec.dumps_or_none(values[key])
-        if "status" in values:
-            values["status"] = str(values["status"])
+        values = _step_update_values(values)
         stmt = UPDATE_STEP.get(tuple(sorted(values)))
         return stmt.run(self.w, {"_id": step_id, **values}) > 0
 
@@ -587,6 +605,39 @@ class Tx(DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQ
             key=("dispatch_id", "kind", "target", "args_hash"),
             column="consumed",
         )
+
+
+def _step_update_values(values: dict[str, Any]) -> dict[str, Any]:
+    """`update_step`'s values as stored: result and error as JSON text, the status as text."""
+    out = dict(values)
+    for key in ("result", "error"):
+        if key in out:
+            out[key] = codec.dumps_or_none(out[key])
+    if "status" in out:
+        out["status"] = str(out["status"])
+    return out
+
+
+def _step_values(s: Step, args_text: str | None) -> dict[str, Any]:
+    """A new step's row (its outcome seq comes later, with its outcome event)."""
+    return {
+        "step_id": s.step_id,
+        "execution_id": s.execution_id,
+        "kind": s.kind,
+        "target": s.target,
+        "args_hash": s.args_hash,
+        "occurrence": s.occurrence,
+        "status": s.status.value,
+        "idempotency": s.idempotency,
+        "args": args_text,
+        "result": None,
+        "error": codec.dumps_or_none(s.error),
+        "usage_input": 0,
+        "usage_output": 0,
+        "started_at": s.started_at,
+        "completed_at": s.completed_at,
+        "outcome_seq": None,
+    }
 
 
 __all__ = ["Tx"]

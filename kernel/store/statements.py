@@ -18,11 +18,13 @@ from sqlalchemy import (
     func,
     insert,
     literal_column,
+    null,
     select,
     true,
     union_all,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
@@ -224,12 +226,23 @@ APPEND = PreparedCache(
     .values(last_event_seq=t.executions.c.last_event_seq + param("_n"), **{k: param(k) for k in keys})
     .returning(t.executions.c.last_event_seq)
 )
+STEP_COLUMNS = tuple(c.key for c in t.steps.c)
+COUNTER_COLUMNS = ("dispatch_id", "kind", "target", "args_hash", "consumed")
+
+
 # PostgreSQL: the seq advance and the events' INSERT in one statement (one round trip instead of
-# two; SQLite runs no DML in a WITH), with the decision's journal row when there is one. Keyed by
-# (the execution columns set, the number of events, the decision event's index or None);
-# RETURNING the seqs written, none when the execution does not exist.
-def _append_with_events(spec: tuple[tuple[str, ...], int, int | None]) -> Any:
-    keys, n, decision_index = spec
+# two; SQLite runs no DML in a WITH), with the decision's journal row when there is one, and for a
+# step decided now its row (`s_<column>`; its outcome_seq that of event `step` when that event is
+# its outcome, else NULL) and its occurrence counter's advance (`c_<column>`). Keyed by (the
+# execution columns set, the number of events, the decision event's index or None, the step:
+# None, or the index of its outcome event or -1, whether the counter advances); RETURNING the seqs
+# written, none when the execution does not exist (and then no other row is written either).
+# `outcome`: (the index of a recorded step's outcome event, the step columns its update sets,
+# `u_<column>`, the step `u__id`): the step's update (unless it is terminal) with that seq.
+def _append_with_events(
+    spec: tuple[tuple[str, ...], int, int | None, int | None, bool, tuple[int, tuple[str, ...]] | None],
+) -> Any:
+    keys, n, decision_index, step, counter, outcome = spec
     seq = (
         update(t.executions)
         .where(t.executions.c.id == bindparam("_id", type_=String()))
@@ -260,6 +273,33 @@ def _append_with_events(spec: tuple[tuple[str, ...], int, int | None]) -> Any:
             for c in DECISION_COLUMNS
         ]).select_from(seq)
         stmt = stmt.add_cte(insert(t.decision_journal).from_select(list(DECISION_COLUMNS), row).cte("decision_row"))
+    if step is not None:
+        steps = t.steps.c
+        row = select(*[
+            (seq_of(step) if step >= 0 else null()) if c == "outcome_seq"
+            else bindparam(f"s_{c}", type_=steps[c].type)
+            for c in STEP_COLUMNS
+        ]).select_from(seq)
+        stmt = stmt.add_cte(insert(t.steps).from_select(list(STEP_COLUMNS), row).cte("step_row"))
+    if counter:
+        counters = t.dispatch_step_counters
+        # Only once the seq advance found the execution, like every other row of the statement.
+        row = select(*[bindparam(f"c_{c}", type_=counters.c[c].type) for c in COUNTER_COLUMNS]).select_from(seq)
+        upsert = pg_insert(counters).from_select(list(COUNTER_COLUMNS), row)
+        upsert = upsert.on_conflict_do_update(
+            index_elements=list(COUNTER_COLUMNS[:4]),
+            set_={"consumed": func.greatest(counters.c.consumed, upsert.excluded.consumed)},
+        )
+        stmt = stmt.add_cte(upsert.cte("counter_row"))
+    if outcome is not None:
+        index, columns = outcome
+        changed = (
+            update(t.steps)
+            .where(t.steps.c.step_id == bindparam("u__id", type_=String()), not_terminal_step())
+            .values({**{c: bindparam(f"u_{c}", type_=t.steps.c[c].type) for c in columns},
+                     "outcome_seq": seq_of(index)})
+        )
+        stmt = stmt.add_cte(changed.cte("outcome_row"))
     return stmt
 
 

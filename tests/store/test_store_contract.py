@@ -394,3 +394,79 @@ def test_the_step_paths_entry_reads_decode_an_execution_as_get_execution_does(st
     assert want is not None and want.state == {"turn": 2} and want.usage_output == 22 and want.fork_seq == 7
     assert submit == want
     assert outcome == want
+
+
+def test_append_writes_a_new_step_and_its_counter_with_the_events(store: SqlStore) -> None:
+    """`append(step=…, counter=…)` (one statement on PostgreSQL): the step row as insert_step
+    writes it, its outcome seq when its outcome event is in the batch, the counter advanced and
+    never moved back; for an execution that does not exist nothing is written."""
+    from kernel.store import tables as t
+
+    eid = _execution(store, _agent(store))
+    did = _dispatch(store, eid)
+    allowed = _step(eid, "a" * 64, StepStatus.EXECUTING, occurrence=0)
+    denied = Step(step_id="b" * 64, execution_id=eid, kind="tool_call", target="t", args_hash=HASH, occurrence=1,
+                  status=StepStatus.DENIED, idempotency="at_most_once", error={"reason": "no", "rule_id": "r"},
+                  completed_at=T0)
+    with store.transaction(lock=eid) as tx:
+        last = tx.append(eid, T0, [("step.proposed", {"step_id": "a" * 64}), ("step.allowed", {"step_id": "a" * 64}),
+                                   ("step.executing", {"step_id": "a" * 64})],
+                         step=(allowed, '{"x":1}'), counter=(did, "tool_call", "t", HASH, 1))
+        assert last == 3
+    with store.transaction(lock=eid) as tx:
+        assert tx.append(eid, T0, [("step.proposed", {"step_id": "b" * 64}), ("step.denied", {"step_id": "b" * 64})],
+                         step=(denied, None), counter=(did, "tool_call", "t", HASH, 2)) == 5
+        # A counter never moves back, here as through advance_counter.
+        tx.append(eid, T0, [("execution.noted", {})], counter=(did, "tool_call", "t", HASH, 1))
+    with store.read() as tx:
+        a, b = tx.get_step("a" * 64), tx.get_step("b" * 64)
+        assert a is not None and a.status == StepStatus.EXECUTING and a.started_at == T0
+        assert b is not None and b.status == StepStatus.DENIED and b.error == {"reason": "no", "rule_id": "r"}
+        assert b.completed_at == T0 and b.idempotency == "at_most_once"
+        assert tx.get_counter(did, "tool_call", "t", HASH) == 2
+        rows = {r.step_id: r for r in tx.conn.execute(t.steps.select().where(t.steps.c.execution_id == eid))}
+        assert rows["a" * 64].args == '{"x":1}' and rows["a" * 64].outcome_seq is None
+        assert rows["b" * 64].outcome_seq == 5  # its step.denied event's seq
+        assert _seqs(store, eid) == [1, 2, 3, 4, 5, 6]
+    ghost = new_uuid7()
+    # PostgreSQL's one statement finds no execution and writes nothing; SQLite's step insert
+    # fails its foreign key first. Either way the transaction fails and nothing is left.
+    with pytest.raises((LookupError, IntegrityError)), store.transaction(lock=ghost) as tx:
+        tx.append(ghost, T0, [("step.proposed", {"step_id": "c" * 64})],
+                  step=(_step(ghost, "c" * 64), None), counter=(did, "tool_call", "u", HASH, 1))
+    with store.read() as tx:
+        assert tx.get_step("c" * 64) is None and tx.get_counter(did, "tool_call", "u", HASH) == 0
+
+
+def test_append_records_a_steps_outcome_with_its_event(store: SqlStore) -> None:
+    """`append(outcome=(step_id, values))` (one statement on PostgreSQL): the step's update as
+    update_step makes it, its outcome_seq the outcome event's seq; a terminal step is never
+    overwritten, as through update_step."""
+    from kernel.store import tables as t
+
+    eid = _execution(store, _agent(store))
+    with store.transaction(lock=eid) as tx:
+        tx.insert_step(_step(eid, "a" * 64), None)
+        tx.insert_step(_step(eid, "b" * 64, occurrence=1), None)
+        tx.append(eid, T0, [("execution.noted", {})])
+    done = T0 + timedelta(seconds=5)
+    with store.transaction(lock=eid) as tx:
+        seq = tx.append(eid, done, [("step.succeeded", {"step_id": "a" * 64, "usage": {"input_tokens": 3}})],
+                        outcome=("a" * 64, {"status": StepStatus.SUCCEEDED, "result": {"ok": "é"},
+                                            "completed_at": done, "usage_input": 3, "usage_output": 4}))
+        assert seq == 2
+        tx.append(eid, done, [("execution.noted", {}), ("step.failed", {"step_id": "b" * 64})],
+                  outcome=("b" * 64, {"status": StepStatus.FAILED, "error": {"m": 1}, "completed_at": done}))
+    with store.transaction(lock=eid) as tx:  # already terminal: the outcome is not overwritten
+        tx.append(eid, done, [("step.failed", {"step_id": "a" * 64})],
+                  outcome=("a" * 64, {"status": StepStatus.FAILED, "error": "late", "completed_at": done}))
+    with store.read() as tx:
+        a, b = tx.get_step("a" * 64), tx.get_step("b" * 64)
+        assert a is not None and a.status == StepStatus.SUCCEEDED and a.result == {"ok": "é"}
+        assert a.completed_at == done and (a.usage_input, a.usage_output) == (3, 4)
+        assert b is not None and b.status == StepStatus.FAILED and b.error == {"m": 1}
+        rows = {r.step_id: r for r in tx.conn.execute(t.steps.select().where(t.steps.c.execution_id == eid))}
+        assert rows["a" * 64].outcome_seq == 2 and rows["b" * 64].outcome_seq == 4
+    assert _seqs(store, eid) == [1, 2, 3, 4, 5]
+    with pytest.raises(ValueError), store.transaction(lock=eid) as tx:
+        tx.append(eid, done, [("execution.noted", {})], outcome=("b" * 64, {"status": StepStatus.FAILED}))
