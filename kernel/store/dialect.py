@@ -1,10 +1,11 @@
-"""What a transaction (`Tx`) asks of its store: the few statements that differ by dialect."""
+"""What a transaction (`Tx`) asks of its store (the few statements that differ by dialect), and
+what `Tx`'s query mixins ask of `Tx`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy.engine import Connection
 
@@ -28,3 +29,17 @@ class Dialect(Protocol):
     ) -> None: ...
 
     def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]: ...
+
+
+class TxPart:
+    """The base of `Tx`'s query mixins (sql_dispatch.py, sql_steps.py and the others): what they
+    use of `Tx`, which supplies it (sql.py)."""
+
+    if TYPE_CHECKING:
+        store: Dialect
+
+        @property
+        def conn(self) -> Connection: ...
+
+        @property
+        def w(self) -> Connection: ...

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import (
     Table,
@@ -22,11 +22,11 @@ from sqlalchemy import (
     tuple_,
     union_all,
 )
-from sqlalchemy.engine import Connection
 
 from kernel.domain import DecisionOutcome, DecisionRecord
 from kernel.store import codec
 from kernel.store import tables as t
+from kernel.store.dialect import TxPart
 from kernel.store.statements import DECISION_COLUMNS, INSERT_DECISION
 
 # The filters `list_decisions` takes, each an equality on its indexed column.
@@ -101,14 +101,7 @@ def _where(
     return out
 
 
-class AuditQueries:
-    if TYPE_CHECKING:  # supplied by Tx
-        @property
-        def conn(self) -> Connection: ...
-
-        @property
-        def w(self) -> Connection: ...
-
+class AuditQueries(TxPart):
     # -- decisions ------------------------------------------------------------------------
     def insert_decision(self, r: DecisionRecord) -> None:
         INSERT_DECISION.run(self.w, decision_params(r))

@@ -5,28 +5,18 @@ sweeps and the admin API. Mixed into `Tx` (sql.py), which supplies `store`, `con
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
-from sqlalchemy.engine import Connection
 
 from kernel.domain import Approval, Dispatch, DispatchStatus
 from kernel.store import codec
 from kernel.store import tables as t
-from kernel.store.dialect import Dialect
+from kernel.store.dialect import TxPart
 from kernel.store.statements import GET_DISPATCH, PENDING_APPROVAL, RENEW_LEASE
 
 
-class DispatchQueries:
-    if TYPE_CHECKING:  # supplied by Tx
-        store: Dialect
-
-        @property
-        def conn(self) -> Connection: ...
-
-        @property
-        def w(self) -> Connection: ...
-
+class DispatchQueries(TxPart):
     # -- dispatches -----------------------------------------------------------------------
     def insert_dispatch(self, d: Dispatch) -> None:
         self.w.execute(

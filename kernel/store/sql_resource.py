@@ -7,22 +7,15 @@ reaches them).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import insert, or_, select, update
-from sqlalchemy.engine import Connection
 
 from kernel.store import tables as t
+from kernel.store.dialect import TxPart
 
 
-class ResourceQueries:
-    if TYPE_CHECKING:  # supplied by Tx
-        @property
-        def conn(self) -> Connection: ...
-
-        @property
-        def w(self) -> Connection: ...
-
+class ResourceQueries(TxPart):
     def get_resource(self, execution_id: str, key: str) -> Any:
         c = t.resources.c
         return self.conn.execute(select(t.resources).where(c.execution_id == execution_id, c.key == key)).first()

@@ -6,31 +6,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import and_, exists, func, insert, select, update
-from sqlalchemy.engine import Connection
 
 from kernel.domain import Execution, ExecutionStatus
 from kernel.store import codec
 from kernel.store import tables as t
-from kernel.store.dialect import Dialect
+from kernel.store.dialect import TxPart
 from kernel.store.statements import TERMINAL_EXECUTIONS
 
 _LIVE = (ExecutionStatus.RUNNING.value, ExecutionStatus.BLOCKED.value)
 _WAITING = (ExecutionStatus.PENDING.value, *_LIVE)
 
 
-class SessionQueries:
-    if TYPE_CHECKING:  # supplied by Tx
-        store: Dialect
-
-        @property
-        def conn(self) -> Connection: ...
-
-        @property
-        def w(self) -> Connection: ...
-
+class SessionQueries(TxPart):
     # -- sessions -------------------------------------------------------------------------
     def session_occupied(self, session: str) -> bool:
         """Whether the session has an execution running, blocked or already queued (a new one

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
-from sqlalchemy.engine import Connection
 
 from kernel.store import tables as t
-from kernel.store.dialect import Dialect
+from kernel.store.dialect import TxPart
 
 SHADOWING = "shadowing"
 # The audit event types that change which revision is active (rollback reads them back).
@@ -22,16 +21,7 @@ ACTIVATIONS = ("policy.activated", "policy.cleared", "policy.promoted", "policy.
 TallyKey = tuple[str, str, str]  # (outcome, active decision, shadow decision)
 
 
-class ShadowQueries:
-    if TYPE_CHECKING:  # supplied by Tx
-        store: Dialect
-
-        @property
-        def conn(self) -> Connection: ...
-
-        @property
-        def w(self) -> Connection: ...
-
+class ShadowQueries(TxPart):
     # -- shadow bundles -------------------------------------------------------------------
     def add_shadow(self, agent_id: str, kind: str, revision: str, content: str, now: datetime,
                    created_by: str | None) -> int:

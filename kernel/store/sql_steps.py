@@ -9,15 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.engine import Connection
 
 from kernel.domain import DecisionRecord, Event, Step, StepStatus
 from kernel.store import codec
 from kernel.store import tables as t
-from kernel.store.dialect import Dialect
+from kernel.store.dialect import TxPart
 from kernel.store.sql_audit import decision_params
 from kernel.store.statements import (
     ADD_USAGE,
@@ -43,16 +42,7 @@ from kernel.store.statements import (
 )
 
 
-class StepQueries:
-    if TYPE_CHECKING:  # supplied by Tx
-        store: Dialect
-
-        @property
-        def conn(self) -> Connection: ...
-
-        @property
-        def w(self) -> Connection: ...
-
+class StepQueries(TxPart):
     # -- events ---------------------------------------------------------------------------
     def append(
         self, execution_id: str, now: datetime, events: Sequence[tuple[str, dict[str, Any]]],
