@@ -110,40 +110,11 @@ def to_agent(r: Any) -> Agent:
 
 
 def to_execution(r: Any, inputs: DecodedInputs | None = None) -> Execution:
-    return Execution(
-        id=r.id,
-        agent_id=r.agent_id,
-        input=inputs.decode(r.id, r.input) if inputs is not None else loads(r.input),
-        status=ExecutionStatus(r.status),
-        created_at=r.created_at,
-        updated_at=r.updated_at,
-        output=loads(r.output),
-        failure_reason=r.failure_reason,
-        deadline_at=r.deadline_at,
-        idempotency_key=r.idempotency_key,
-        usage_input=int(getattr(r, "usage_input", 0) or 0),
-        usage_output=int(getattr(r, "usage_output", 0) or 0),
-        created_by=getattr(r, "created_by", None),
-        session=getattr(r, "session", None),
-        parent_execution_id=getattr(r, "parent_execution_id", None),
-        spawned_step_id=getattr(r, "spawned_step_id", None),
-        previous_execution_id=getattr(r, "previous_execution_id", None),
-        state=loads(getattr(r, "state", None)),
-        forked_from=getattr(r, "forked_from", None),
-        fork_seq=int(getattr(r, "fork_seq", 0) or 0),
-        fork_bundle_id=getattr(r, "fork_bundle_id", None),
-        suspended=bool(getattr(r, "suspended", False)),
-        restoration=loads(getattr(r, "restoration", None)),
-    )
-
-
-def execution_of(r: Any, inputs: DecodedInputs) -> Execution:
-    """`to_execution` for a row with every column of the executions table (the step path's entry
-    reads): plain attribute reads instead of a `getattr` with a default per optional column."""
+    """A row with every column of the executions table (every caller selects the table whole)."""
     output, state, restoration = r.output, r.state, r.restoration
     return Execution(
-        r.id, r.agent_id, inputs.decode(r.id, r.input), _EXECUTION_STATUS.get(r.status) or ExecutionStatus(r.status),
-        r.created_at, r.updated_at,
+        r.id, r.agent_id, inputs.decode(r.id, r.input) if inputs is not None else loads(r.input),
+        _EXECUTION_STATUS.get(r.status) or ExecutionStatus(r.status), r.created_at, r.updated_at,
         None if output is None else json.loads(output), r.failure_reason, r.deadline_at, r.idempotency_key,
         r.usage_input or 0, r.usage_output or 0, r.created_by, r.session, r.parent_execution_id,
         r.spawned_step_id, r.previous_execution_id, None if state is None else json.loads(state), r.forked_from,

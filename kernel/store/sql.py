@@ -212,7 +212,7 @@ class Tx(StepQueries, DispatchQueries, AuditQueries, SessionQueries, ResourceQue
             return None, None, 0, None
         ne, nd, ns = len(E_COLS), len(D_COLS), len(S_COLS)
         d, st, pr = r[ne:ne + nd], r[ne + nd + 1:ne + nd + 1 + ns], r[ne + nd + 1 + ns:]
-        e = codec.execution_of(ERow._make(r[:ne]), self.store.inputs)
+        e = codec.to_execution(ERow._make(r[:ne]), self.store.inputs)
         # The policy decision in this transaction reads it from here (`active_policy_ref`).
         self._policy_ref = (e.agent_id, PolicyRef._make(pr) if pr[0] is not None else None)
         return (
@@ -234,7 +234,7 @@ class Tx(StepQueries, DispatchQueries, AuditQueries, SessionQueries, ResourceQue
         ne, nd = len(E_COLS), len(D_COLS)
         d, st = r[ne:ne + nd], r[ne + nd:]
         return (
-            codec.execution_of(ERow._make(r[:ne]), self.store.inputs),
+            codec.to_execution(ERow._make(r[:ne]), self.store.inputs),
             codec.to_step(SRow._make(st)) if st[0] is not None else None,
             codec.to_dispatch(DRow._make(d)) if d[0] is not None else None,
         )

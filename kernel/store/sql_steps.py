@@ -23,6 +23,7 @@ from kernel.store.statements import (
     APPEND,
     APPEND_WITH_EVENTS,
     COUNT_EVENTS,
+    COUNTER_COLUMNS,
     EVENT_COLUMNS,
     GET_COUNTER,
     GET_STEP,
@@ -80,9 +81,8 @@ class StepQueries(TxPart):
         changed: tuple[int, str, dict[str, Any]] | None = None
         if outcome is not None:
             sid, step_values = outcome
-            at = next((i for i, (typ, payload) in enumerate(events)
-                       if typ in OUTCOME_EVENT_TYPES and payload.get("step_id") == sid), None)
-            if at is None:
+            at = _outcome_index(events, sid)
+            if at < 0:
                 raise ValueError(f"no outcome event of step {sid} in the batch")
             changed, marked = (at, sid, step_values), sid
         if 0 < n <= MAX_EVENT_ROWS and self.store.dialect == "postgresql":
@@ -97,13 +97,11 @@ class StepQueries(TxPart):
             new_step = None  # the new step's outcome event index, -1 for none
             if step is not None:
                 sid = step[0].step_id
-                new_step = next((i for i, (typ, payload) in enumerate(events)
-                                 if typ in OUTCOME_EVENT_TYPES and payload.get("step_id") == sid), -1)
+                new_step = _outcome_index(events, sid)
                 marked = sid if new_step >= 0 else None
                 values.update({f"s_{c}": v for c, v in _step_values(*step).items()})
             if counter is not None:
-                values.update(zip(("c_dispatch_id", "c_kind", "c_target", "c_args_hash", "c_consumed"), counter,
-                                  strict=True))
+                values.update({f"c_{c}": v for c, v in zip(COUNTER_COLUMNS, counter, strict=True)})
             spec_outcome = None
             if changed is not None:
                 stored = _step_update_values(changed[2])
@@ -262,6 +260,13 @@ class StepQueries(TxPart):
             key=("dispatch_id", "kind", "target", "args_hash"),
             column="consumed",
         )
+
+
+def _outcome_index(events: Sequence[tuple[str, dict[str, Any]]], step_id: str) -> int:
+    """The index of `step_id`'s outcome event (step.succeeded, step.failed, step.denied) in
+    `events`, or -1."""
+    return next((i for i, (typ, payload) in enumerate(events)
+                 if typ in OUTCOME_EVENT_TYPES and payload.get("step_id") == step_id), -1)
 
 
 def _step_update_values(values: dict[str, Any]) -> dict[str, Any]:

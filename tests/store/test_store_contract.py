@@ -369,8 +369,8 @@ def test_second_sqlite_store_on_the_same_file_is_refused(tmp_path: Any) -> None:
 
 
 def test_the_step_paths_entry_reads_decode_an_execution_as_get_execution_does(store: SqlStore) -> None:
-    """submit_context and outcome_context decode the execution row with their own fast path
-    (codec.execution_of): every column must come back as get_execution's reading of it."""
+    """submit_context and outcome_context read the execution row in joins of their own: every
+    column must come back as get_execution's reading of it."""
     agent = _agent(store)
     parent = _execution(store, agent)
     eid = new_uuid7()
