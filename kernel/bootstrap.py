@@ -282,6 +282,10 @@ def build_runtime(settings: Settings) -> Runtime:
                     session_key=(settings.console_session_key.get_secret_value().encode()
                                  if settings.console_session_key else None),
                     session_ttl_seconds=settings.console_session_ttl)
+    from kernel.api.metrics import RegoPoolCollector
+
+    app.state.metrics_registry.register(RegoPoolCollector({"active": resolver.rego,
+                                                           "shadow": shadows.policy.rego}))
     if decision_log is not None:
         from kernel.decisionlog import DecisionLogCollector
 

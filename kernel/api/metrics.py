@@ -6,8 +6,8 @@ the lane's figures are read when Prometheus scrapes, so they cost the hot path n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -128,6 +128,37 @@ class ReplayCollector(Collector):
                                   "one already accepted (docs/api.md, Replayed requests).", value=guard.refused)
         yield GaugeMetricFamily("regent_replay_cache_entries", "Signed mutations this replica remembers "
                                 "(REGENT_REPLAY_CACHE_SIZE bounds it).", value=len(guard))
+
+
+class RegoPool(Protocol):
+    def stats(self) -> dict[str, Any] | None: ...
+
+
+class RegoPoolCollector(Collector):
+    """Each Rego worker pool of this process (the active bundles', the shadows'), read at scrape
+    time (`LazyRegoEngine.stats`). A pool not started yet (no Rego bundle so far) is left out."""
+
+    def __init__(self, pools: Mapping[str, RegoPool]):
+        self.pools = pools
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        live = GaugeMetricFamily("regent_rego_workers", "Rego worker processes alive, by pool (active, shadow).",
+                                 labels=["pool"])
+        replaced = CounterMetricFamily("regent_rego_workers_replaced", "Rego workers replaced after a timeout, "
+                                       "a crash or growing past the memory bound, by pool.", labels=["pool"])
+        faults = CounterMetricFamily("regent_rego_faults", "Rego evaluations that failed closed, by pool and "
+                                     "kind (timeout, crash, eval_error).", labels=["pool", "kind"])
+        for pool, engine in sorted(self.pools.items()):
+            st = engine.stats()
+            if st is None:
+                continue
+            live.add_metric([pool], st["workers"])
+            replaced.add_metric([pool], st["workers_replaced"])
+            for kind, key in (("timeout", "timeouts"), ("crash", "crashes"), ("eval_error", "eval_errors")):
+                faults.add_metric([pool, kind], st[key])
+        yield live
+        yield replaced
+        yield faults
 
 
 class _KernelCollector(Collector):

@@ -86,6 +86,11 @@ class LazyRegoEngine:
                 self._engine.close()
                 self._engine = None
 
+    def stats(self) -> dict[str, Any] | None:
+        """The engine's counters and worker figures (`RegoEngine.stats`), or None before first use."""
+        engine = self._engine
+        return None if engine is None else engine.stats()  # type: ignore[no-any-return]
+
 
 def parse_rego_content(content: str) -> Any:
     """Stored Rego content is the JSON mapping {modules, data, manifest}."""

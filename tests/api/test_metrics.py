@@ -56,3 +56,31 @@ def test_label_budget_keeps_agent_and_rule_labels_bounded() -> None:
     assert b.pair("a", "r1") == ("a", "r1")  # known pairs keep their labels
     assert b.pair("c", "r1")[0] == OTHER  # past two agents
     assert b.pair("a", "x" * 11) == ("a", OTHER)  # a rule id built from input is cut off by length
+
+
+def test_rego_pools_show_their_live_workers_once_started() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kernel.api.metrics import RegoPoolCollector
+    from kernel.policy.resolver import LazyRegoEngine
+
+    active, shadow = LazyRegoEngine(size=2, timeout=2.0), LazyRegoEngine(size=1)
+    registry = CollectorRegistry()
+    registry.register(RegoPoolCollector({"active": active, "shadow": shadow}))
+
+    def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(generate_latest(registry).decode())
+                for s in family.samples}
+
+    assert not [k for k in samples() if k[0].startswith("regent_rego")]  # no Rego bundle yet: no pool, no rows
+    try:
+        engine = active.get()
+        assert engine.wait_ready(10)
+        m = samples()
+        assert m[("regent_rego_workers", (("pool", "active"),))] == 2
+        assert m[("regent_rego_workers_replaced_total", (("pool", "active"),))] == 0
+        assert m[("regent_rego_faults_total", (("kind", "timeout"), ("pool", "active")))] == 0
+        assert not [k for k in m if ("pool", "shadow") in k[1]]  # the shadows' pool never started
+    finally:
+        active.close()

@@ -174,10 +174,23 @@ def test_promote_then_rollback_each_change_the_next_decision(sk: ShadowKernel) -
     assert all(e["credential"] == "dev" for e in events[:2])
 
 
+def _metric(k: ShadowKernel, name: str, **labels: str) -> float | None:
+    """One sample of the kernel's /metrics (labels in Prometheus' sorted order), None if absent."""
+    want = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    found = re.search(rf"^{re.escape(name)}{re.escape('{' + want + '}') if want else ''} (\S+)$",
+                      k.api.http.get("/metrics").text, re.M)
+    return float(found.group(1)) if found else None
+
+
 @pytest.mark.parametrize("agent_id,fault", [("pay-loop", "timeout"), ("pay-crash", "crash")])
 def test_a_shadow_that_loops_or_crashes_leaves_the_active_decisions_alone(
     sk: ShadowKernel, agent_id: str, fault: str,
 ) -> None:
+    # The shadows' pool replaces a killed worker after a back-off (the previous case kills its
+    # worker three times): start once it has one, or the first fault is "no worker" (eval-error).
+    wait_for(lambda: (_metric(sk, "regent_rego_workers", pool="shadow") or 0) >= 1,
+             "a live shadow Rego worker", timeout=30)
+    faults_before = _metric(sk, "regent_rego_faults_total", kind=fault, pool="shadow") or 0
     outputs = [sk.transfer(agent_id, a) for a in (5, 5000, 50, 7)]
     assert all(o == {"denied": False, "result": "ran transfer_funds"} for o in outputs), outputs
     rep = wait_for(lambda: (r := sk.report(agent_id, 3))["totals"]["errors"] + r["totals"]["skipped"] >= 4 and r,
@@ -191,5 +204,9 @@ def test_a_shadow_that_loops_or_crashes_leaves_the_active_decisions_alone(
     allowed = {fault} if fault == "timeout" else {fault, "timeout"}
     assert allowed & set(rep["errors"]), rep["errors"]
     assert rep["shadow"]["last_error"]
+    # /metrics counts the same faults by pool, and the killed workers as replaced.
+    if fault == "timeout":
+        assert (_metric(sk, "regent_rego_faults_total", kind="timeout", pool="shadow") or 0) > faults_before
+    assert (_metric(sk, "regent_rego_workers_replaced_total", pool="shadow") or 0) >= 1
     # The kernel keeps answering on the other agents, with their own shadow still judged.
     assert sk.transfer("pay-b", 3) == {"denied": False, "result": "ran transfer_funds"}
