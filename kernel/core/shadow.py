@@ -4,7 +4,6 @@ disagreements; promote the candidate and roll back (docs/policy-rollout.md)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -15,7 +14,7 @@ from kernel.core.kernel import Kernel
 from kernel.core.policies import Actor, PolicyRevision, _to_revision
 from kernel.core.ports import LimitOutcome, ShadowObservation
 from kernel.domain import Decision, PolicyInput, Verdict
-from kernel.domain.decision import ShadowRef
+from kernel.domain.decision import ShadowRef, apply_budget
 from kernel.errors import Conflict, NotFound, ValidationError
 from kernel.store.sql_shadow import ACTIVATIONS, TallyKey
 
@@ -226,11 +225,16 @@ def judge(k: Kernel, policy: ShadowPolicy, ref: ShadowRef, obs: ShadowObservatio
         if refused:
             return Judgement(obs, ref, d, RATE_LIMITED)
     budget = d.budget
-    spend = int(obs.inp.usage.get("input_tokens", 0)) + int(obs.inp.usage.get("output_tokens", 0))
-    if budget is not None and budget.max_tokens > 0 and d.verdict == Verdict.ALLOW and spend >= budget.max_tokens:
-        verdict = Verdict.REQUIRE_APPROVAL if budget.on_exceed == "require_approval" else Verdict.DENY
-        d = dataclasses.replace(d, verdict=verdict, reason="execution_token_budget_exceeded")
-        outcome = verdict.value
+    if budget is not None and budget.max_tokens > 0 and d.verdict == Verdict.ALLOW:
+        if budget.scope == "session" and obs.inp.session:
+            # The session's executions' tokens as the step path counts them, read now: the
+            # observation carries only this execution's.
+            with k.store.read() as tx:
+                spend = sum(tx.session_usage(obs.inp.session))
+        else:
+            spend = int(obs.inp.usage.get("input_tokens", 0)) + int(obs.inp.usage.get("output_tokens", 0))
+        d = apply_budget(d, spend)
+        outcome = d.verdict.value
     return Judgement(obs, ref, d, outcome)
 
 

@@ -37,6 +37,7 @@ from kernel.domain import (
     Verdict,
     resolve_judge,
 )
+from kernel.domain.decision import apply_budget
 from kernel.domain.step import INDETERMINATE_ERROR, Idempotency
 from kernel.errors import Conflict, LeaseSuperseded, NotFound
 from kernel.identity import new_uuid7
@@ -279,7 +280,7 @@ def _decide_new(
         spend = usage_in + usage_out
         if decision.budget is not None and decision.budget.scope == "session" and e.session is not None:
             spend = sum(tx.session_usage(e.session))
-        final = _gate_fork_effect(e, req, _apply_budget(decision, spend))
+        final = _gate_fork_effect(e, req, apply_budget(decision, spend))
         if seen is not None:
             seen.observation = ShadowObservation(e.id, sid, now, inp, decision, final.verdict.value,
                                                  seen.limit_key, seen.limit)
@@ -371,14 +372,6 @@ def _gate_fork_effect(e: Execution, req: StepRequest, d: Decision) -> Decision:
         return d
     return dataclasses.replace(d, verdict=Verdict.REQUIRE_APPROVAL, rule_id=FORK_EFFECT_RULE,
                                reason="a fork runs this at_most_once effect live: approval required")
-
-
-def _apply_budget(d: Decision, spend: int) -> Decision:
-    b = d.budget
-    if b is None or b.max_tokens <= 0 or d.verdict != Verdict.ALLOW or spend < b.max_tokens:
-        return d
-    verdict = Verdict.REQUIRE_APPROVAL if b.on_exceed == "require_approval" else Verdict.DENY
-    return dataclasses.replace(d, verdict=verdict, reason="execution_token_budget_exceeded")
 
 
 def _record(

@@ -104,6 +104,16 @@ class Decision:
         return cls(Verdict.DENY, "bundle-error", reason, policy_kind=kind, policy_revision=revision)
 
 
+def apply_budget(d: Decision, spend: int) -> Decision:
+    """An allow whose token budget `spend` has reached becomes the budget's `on_exceed` answer.
+    `spend` is the tokens of the budget's scope: the execution's, or its session's executions'."""
+    b = d.budget
+    if b is None or b.max_tokens <= 0 or d.verdict != Verdict.ALLOW or spend < b.max_tokens:
+        return d
+    verdict = Verdict.REQUIRE_APPROVAL if b.on_exceed == "require_approval" else Verdict.DENY
+    return dataclasses.replace(d, verdict=verdict, reason="execution_token_budget_exceeded")
+
+
 def resolve_judge(d: Decision, answer: JudgeAnswer) -> Decision:
     """The final Decision of a judge rule given the judge's answer (`d.judge` must be set)."""
     spec = d.judge

@@ -272,6 +272,47 @@ def test_a_session_budget_counts_the_tokens_of_every_execution_of_the_session(ke
     assert _llm_step(kernel, other, co.dispatch_id, co.attempt, OPENAI_CHAT).decision == "proceed"
 
 
+def test_a_shadow_with_a_session_budget_counts_the_session_not_the_execution(kernel: Kernel, running: Running) -> None:
+    """The shadow applies its own budget as the step path would: a session-scoped one against the
+    session's executions' tokens (read when judged), not the observed execution's alone."""
+    from datetime import UTC, datetime
+
+    from kernel.core import executions
+    from kernel.core.dispatch import claim_due
+    from kernel.core.executions import Lineage
+    from kernel.core.ports import ShadowObservation
+    from kernel.core.shadow import judge
+    from kernel.domain.decision import ShadowRef
+
+    kernel.policy = FixedPolicy(Decision(Verdict.ALLOW, "active"))
+    first = executions.create_execution(kernel, "shell", 0, lineage=Lineage(session="chat"))[0].id
+    c = next(c for c in claim_due(kernel, 10) if c.execution_id == first)
+    for i in range(2):  # 38 tokens spent in the session "chat"
+        assert _llm_step(kernel, first, c.dispatch_id, c.attempt, OPENAI_CHAT, n=i).decision == "proceed"
+
+    class Candidate:
+        def __init__(self, scope: str):
+            self.scope = scope
+
+        def evaluate(self, ref: ShadowRef, inp: PolicyInput) -> Decision:
+            return Decision(Verdict.ALLOW, "candidate", budget=BudgetSpec(max_tokens=30, scope=self.scope))
+
+    ref = ShadowRef(1, "shell", "yaml", "candidate")
+
+    def judged(scope: str, session: str | None) -> tuple[str, str]:
+        # A later turn of the session that has spent nothing of its own yet.
+        inp = PolicyInput(agent_id="shell", kind="llm_call", target="openai.chat", args=None, session=session,
+                          usage={"input_tokens": 0, "output_tokens": 0})
+        obs = ShadowObservation("e2", "s2", datetime.now(UTC), inp, Decision(Verdict.ALLOW, "active"), "allow")
+        j = judge(kernel, Candidate(scope), ref, obs)
+        assert j.decision is not None
+        return j.outcome, j.decision.reason
+
+    assert judged("session", "chat") == ("deny", "execution_token_budget_exceeded")
+    assert judged("session", "elsewhere") == ("allow", "")  # another session has its own tokens
+    assert judged("execution", "chat") == ("allow", "")  # an execution budget counts this execution only
+
+
 def test_a_yaml_rule_names_a_session_budget_and_a_session_rate_limit() -> None:
     from kernel.domain import RateLimitSpec
     from kernel.policy.yaml import compile_yaml_bundle
