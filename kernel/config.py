@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     sqlite_synchronous: str = "full"
     # The lane's use cases share one commit (one fsync) while more of them wait (docs/architecture.md)
     sqlite_group_commit: bool = True
+    # On SQLite, a step call that finds the kernel idle runs on the event loop, not the lane
+    # (docs/architecture.md, "Calls on the event loop")
+    sqlite_inline_idle_calls: bool = True
     db_pool_size: int = 10
 
     # Requests

@@ -97,3 +97,9 @@ class AgentClient:
 
     def close(self) -> None:
         self.http.close()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -13,7 +13,7 @@ from starlette.routing import compile_path, request_response
 
 from kernel.api.auth import Authenticator
 from kernel.api.body import check_text
-from kernel.api.threads import call  # noqa: F401 - the routers take it from here
+from kernel.api.threads import call, call_hot, long_lived  # noqa: F401 - the routers take them from here
 from kernel.core.kernel import Kernel
 from kernel.errors import ValidationError
 from kernel.identity import parse_uuid

@@ -114,6 +114,12 @@ class _LaneCollector(Collector):
                                 value=lane.queued())
         yield CounterMetricFamily("regent_lane_spilled", "Use cases handed to the overflow pool because "
                                   "every lane thread was on a slow call.", value=lane.spilled)
+        gate = threads.inline_gate()
+        if gate is not None:
+            yield CounterMetricFamily("regent_lane_inline", "Step calls run on the event loop because the "
+                                      "kernel was idle (REGENT_SQLITE_INLINE_IDLE_CALLS).", value=gate.ran)
+            yield CounterMetricFamily("regent_lane_inline_slow", "Of those, calls over 10 ms: each sent the "
+                                      "next second's calls to the lane.", value=gate.slow)
 
 
 class ReplayCollector(Collector):

@@ -22,7 +22,7 @@ import functools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
@@ -122,6 +122,12 @@ class Lane:
         self._start_lock = threading.Lock()
         self._overflow = ThreadPoolExecutor(max_workers=overflow_threads, thread_name_prefix=f"{name}-overflow")
         self.spilled = 0  # calls the overflow pool ran (for tests and the curious)
+        # A grouping lane thread has a call or an open group (`_run_grouped`): read by `idle`.
+        self.busy = False
+
+    def idle(self) -> bool:
+        """No call queued or running on the lane and no commit group open (a grouping lane: SQLite)."""
+        return self.groups is not None and not self.busy and not self._front and self._queue.empty()
 
     def _ensure_threads(self) -> None:
         if self._started:
@@ -152,7 +158,14 @@ class Lane:
         held: list[tuple[_Job, Any, BaseException | None]] = []  # ran; answer not released yet
         opened = 0.0  # when the open group's first call ended
         while True:
-            job = front.popleft() if front else get()
+            job: _Job | None
+            if front:
+                job = front.popleft()
+            else:
+                if empty():
+                    self.busy = False  # nothing held, no group open: about to wait for a call
+                job = get()
+            self.busy = True
             if job is None:  # close()
                 groups.flush()
                 self._release(groups, held)
@@ -300,6 +313,93 @@ async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         _BEFORE.set(None)
         return await _LANE.call(_checked, check, functools.partial(fn, *args, **kwargs))
     return await _LANE.call(fn, *args, **kwargs)
+
+
+# -- calls on the event loop ------------------------------------------------------------------
+#
+# On SQLite, a step call handed to the lane and back costs two thread wake-ups, and on an idle
+# kernel (one agent stepping: the common case) the sleeping lane thread's wake-up and then the
+# event loop's are most of a round trip's latency and a quarter of its CPU (bench/README.md, "A
+# step on an idle kernel"). So a hot call (a step's submit or outcome) that finds the kernel
+# idle runs on the event loop itself: its use case, its commit and its fsync, while nothing else
+# is waiting to be served. Idle: the lane has no call and no open commit group, and the server
+# holds no request but this one (long-lived streams aside). Under load calls go to the lane as
+# before, where concurrent commits share one fsync.
+#
+# A call that blocks the loop for long (a slow disk, a Rego evaluation near its timeout, a rate
+# limiter waiting on its server) holds up what arrives meanwhile; one slower than INLINE_SLOW
+# sends every call to the lane for INLINE_PAUSE, so a slow dependency costs the loop at most
+# one such call a pause.
+INLINE_SLOW = 0.010
+INLINE_PAUSE = 1.0
+
+
+class InlineGate:
+    """When a hot call may run on the event loop (`call_hot`); installed by the server that knows
+    its requests in flight (kernel/cli/server.py)."""
+
+    def __init__(self, in_flight: Callable[[], int], slow: float = INLINE_SLOW, pause: float = INLINE_PAUSE):
+        self.in_flight = in_flight  # requests the server holds, the caller's own included
+        self.slow_after = slow
+        self.pause = pause
+        self.long_lived = 0  # of those, the event streams held open (`long_lived`): not waiting on the lane
+        self.paused_until = 0.0
+        self.ran = 0  # calls run on the loop (for /metrics, tests and the curious)
+        self.slow = 0  # of which slower than `slow_after`
+
+    def open(self) -> bool:
+        return self.in_flight() - self.long_lived <= 1 and time.monotonic() >= self.paused_until
+
+    def run(self, fn: Callable[[], T]) -> T:
+        started = time.monotonic()
+        try:
+            return contextvars.copy_context().run(fn)  # as on the lane: the use case's context is its own
+        finally:
+            ended = time.monotonic()
+            self.ran += 1
+            if ended - started > self.slow_after:
+                self.slow += 1
+                self.paused_until = ended + self.pause
+
+
+_GATE: InlineGate | None = None
+
+
+def install_inline(gate: InlineGate | None) -> None:
+    """Let hot calls run on the event loop when the kernel is idle (None: never)."""
+    global _GATE
+    _GATE = gate
+
+
+def inline_gate() -> InlineGate | None:
+    return _GATE
+
+
+@contextlib.contextmanager
+def long_lived() -> Iterator[None]:
+    """Around a response held open (an event stream): its request is not one a call would hold up."""
+    gate = _GATE
+    if gate is not None:
+        gate.long_lived += 1
+    try:
+        yield
+    finally:
+        if gate is not None:
+            gate.long_lived -= 1
+
+
+async def call_hot(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`call` for a step's submit or outcome: on the event loop itself when the kernel is idle
+    (`InlineGate`), else on the lane."""
+    gate = _GATE
+    if gate is None or not _LANE.idle() or not gate.open():
+        return await call(fn, *args, **kwargs)
+    check = _BEFORE.get()
+    work = functools.partial(fn, *args, **kwargs)
+    if check is not None:
+        _BEFORE.set(None)
+        work = functools.partial(_checked, check, work)
+    return gate.run(work)
 
 
 async def call_first(fn: Callable[..., T], *args: Any) -> T:

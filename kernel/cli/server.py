@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kernel.cli.common import console, settings_from
 from kernel.errors import ConfigError
@@ -22,6 +22,17 @@ def _listen(host: str, port: int) -> socket.socket:
         return socket.create_server((host, port), family=family, backlog=2048)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def install_inline(server: Any) -> None:
+    """Let this uvicorn server's step calls run on its event loop when the kernel is idle
+    (kernel/api/threads.py `call_hot`; SQLite only, `REGENT_SQLITE_INLINE_IDLE_CALLS`)."""
+    from kernel.api import threads
+
+    # uvicorn adds a request's task when its headers are read, before the task runs: requests
+    # that arrived together are all counted, so a step call runs on the loop only when alone.
+    tasks = server.server_state.tasks
+    threads.install_inline(threads.InlineGate(lambda: len(tasks)))
 
 
 def _serve(settings: Settings) -> int:
@@ -57,6 +68,8 @@ def _serve(settings: Settings) -> int:
         rt.app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
         lifespan="on", timeout_graceful_shutdown=10,
     ))
+    if settings.sqlite_inline_idle_calls and rt.store.dialect == "sqlite":
+        install_inline(server)
 
     def stop(signum: int, _frame: object) -> None:
         # uvicorn installs its own handlers while serving and re-raises the signal to these once

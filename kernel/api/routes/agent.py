@@ -24,6 +24,7 @@ from kernel.api.deps import (
     agent_param,
     auth_of,
     call,
+    call_hot,
     kernel_of,
     lease,
     step_param,
@@ -161,12 +162,12 @@ async def submit_step(execution_id: str, request: Request) -> Response:
     )
     k = kernel_of(request)
     try:
-        answer = await call(steps.submit_step, k, a.agent_id, eid, did, attempt, req)
+        answer = await call_hot(steps.submit_step, k, a.agent_id, eid, did, attempt, req)
     except steps.JudgeNeeded as need:
         # A judge rule: ask the model here, on the event loop, with no transaction open and no
         # lane thread held; then decide again with its answer (kernel.core.steps.JudgeNeeded).
         verdict = await k.judge.ask(need.spec, need.input)
-        answer = await call(steps.submit_step, k, a.agent_id, eid, did, attempt, req, {need.rule_id: verdict})
+        answer = await call_hot(steps.submit_step, k, a.agent_id, eid, did, attempt, req, {need.rule_id: verdict})
     request.app.state.metrics.decision(req.kind, answer.decision, a.agent_id, answer.decided_rule)
     return JSONResponse(answer.to_json())
 
@@ -181,7 +182,7 @@ async def _outcome(request: Request, execution_id: str, step_id: str, failed: bo
         cb = parse_model(CompleteStepBody, a.body)
         kwargs = {"result": cb.result, **cb.parsed()}
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
-    answer = await call(
+    answer = await call_hot(
         steps.record_outcome, kernel_of(request), a.agent_id, eid, step_param(step_id), did, attempt, **kwargs
     )
     request.app.state.metrics.outcome(failed, answer.decision)

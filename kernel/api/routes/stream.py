@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from kernel.api import schema
 from kernel.api.body import Strict, parse_model
-from kernel.api.deps import auth_of, call, kernel_of, step_param, uuid_param
+from kernel.api.deps import auth_of, call, kernel_of, long_lived, step_param, uuid_param
 from kernel.core import executions, steps
 from kernel.domain import StepStatus
 from kernel.errors import Conflict, ValidationError
@@ -62,10 +62,11 @@ async def subscribe(execution_id: str, request: Request) -> Response:
 
     async def frames() -> AsyncIterator[ServerSentEvent]:
         try:
-            yield ServerSentEvent(comment="ok", sep="\n")
-            while True:
-                msg = await queue.get()
-                yield ServerSentEvent(data=json.dumps(msg, separators=(",", ":")), sep="\n")
+            with long_lived():  # held open: not a request a step call on the event loop would hold up
+                yield ServerSentEvent(comment="ok", sep="\n")
+                while True:
+                    msg = await queue.get()
+                    yield ServerSentEvent(data=json.dumps(msg, separators=(",", ":")), sep="\n")
         finally:
             ctx.__exit__(None, None, None)
 
