@@ -10,6 +10,9 @@ PostgreSQL) taking calls from one queue. A call still waiting when no lane threa
 for `STUCK_AFTER` (every one is on a slow call: a policy evaluation near its timeout, a rate
 limiter waiting on its server, a lock held by another replica) is handed to the overflow pool
 instead, so a slow use case holds up the others for no longer than that.
+
+On SQLite a step's submit or outcome that finds the kernel idle skips the hop altogether and runs
+on the event loop (`call_hot`, `InlineGate`, below).
 """
 
 from __future__ import annotations
