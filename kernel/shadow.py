@@ -8,6 +8,7 @@ each flush is one short write per shadow.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -44,7 +45,8 @@ class ShadowRunner:
         self.policy = policy
         self.flush_interval = flush_interval
         self.refresh_interval = refresh_interval
-        self._queue: queue.Queue[ShadowObservation] = queue.Queue(maxsize=queue_size)
+        # None is close() waking the thread, never an observation
+        self._queue: queue.Queue[ShadowObservation | None] = queue.Queue(maxsize=queue_size)
         self._refs: dict[str, ShadowRef] = {}
         self._lock = threading.Lock()
         self._dropped: dict[int, Batch] = {}
@@ -97,6 +99,8 @@ class ShadowRunner:
     def close(self, timeout: float = 10.0) -> None:
         """Stop after judging what is queued (within `timeout`) and writing it."""
         self._stop.set()
+        with contextlib.suppress(queue.Full):  # a full queue: the thread is awake anyway
+            self._queue.put_nowait(None)
         if self._thread is not None:
             self._thread.join(timeout)
         close = getattr(self.policy, "close", None)
@@ -127,7 +131,13 @@ class ShadowRunner:
         last_flush = last_refresh = time.monotonic()
         while True:
             stopping = self._stop.is_set()
-            items = self._take(0.0 if stopping else 0.05)
+            if stopping:
+                wait = 0.0
+            elif taken:  # judgements waiting for their flush
+                wait = 0.05
+            else:  # nothing pending: an observation (or close) wakes the thread; else the next refresh
+                wait = max(0.05, last_refresh + self.refresh_interval - time.monotonic())
+            items = self._take(wait)
             taken += len(items)
             for obs in items:
                 ref = self._refs.get(obs.inp.agent_id)
@@ -166,12 +176,14 @@ class ShadowRunner:
             first = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
         except queue.Empty:
             return []
-        items = [first]
+        items = [first] if first is not None else []  # None: close() waking the thread
         while len(items) < _BATCH:
             try:
-                items.append(self._queue.get_nowait())
+                obs = self._queue.get_nowait()
             except queue.Empty:
                 break
+            if obs is not None:
+                items.append(obs)
         return items
 
     def _suspended(self, shadow_id: int) -> bool:
