@@ -200,15 +200,12 @@ def default_core_threads(dialect: str) -> int:
     return 1 if dialect == "sqlite" else 4
 
 
-def shadow_runner(settings: Settings, kernel: Kernel) -> Any:
-    """Shadow bundles' evaluator (kernel/shadow.py), on Rego workers of its own, started now and
-    set as the kernel's shadow observer. A worker is never waited for: none idle is a fault."""
-    from kernel.policy.resolver import LazyRegoEngine
+def shadow_runner(settings: Settings, kernel: Kernel, rego: Any) -> Any:
+    """Shadow bundles' evaluator (kernel/shadow.py), on Rego workers of its own (`rego`, a
+    `LazyRegoEngine`), started now and set as the kernel's shadow observer."""
     from kernel.policy.shadow import ShadowBundles
     from kernel.shadow import ShadowRunner
 
-    rego = LazyRegoEngine(size=settings.shadow_rego_workers, timeout=settings.rego_timeout, acquire_timeout=0.05,
-                          nice=settings.shadow_rego_nice, spin_seconds=settings.rego_worker_spin_us / 1e6)
     runner = ShadowRunner(kernel, ShadowBundles(kernel.store, rego), queue_size=settings.shadow_queue_size,
                           flush_interval=settings.shadow_flush_interval)
     runner.start()
@@ -253,7 +250,11 @@ def build_runtime(settings: Settings) -> Runtime:
     )
     extra: dict[str, Any] = {"decision_log": decision_log} if decision_log is not None else {}
     kernel = build_kernel(settings, store, policy=resolver, limiter=limiter, judge=judge, **extra)
-    shadows = shadow_runner(settings, kernel)
+    # The shadows' workers are their own: a worker is never waited for (none idle is a fault).
+    shadow_rego = LazyRegoEngine(size=settings.shadow_rego_workers, timeout=settings.rego_timeout,
+                                 acquire_timeout=0.05, nice=settings.shadow_rego_nice,
+                                 spin_seconds=settings.rego_worker_spin_us / 1e6)
+    shadows = shadow_runner(settings, kernel, shadow_rego)
     if manifest is not None:
         try:
             provision(kernel, manifest)
@@ -284,8 +285,7 @@ def build_runtime(settings: Settings) -> Runtime:
                     session_ttl_seconds=settings.console_session_ttl)
     from kernel.api.metrics import RegoPoolCollector
 
-    app.state.metrics_registry.register(RegoPoolCollector({"active": resolver.rego,
-                                                           "shadow": shadows.policy.rego}))
+    app.state.metrics_registry.register(RegoPoolCollector({"active": resolver.rego, "shadow": shadow_rego}))
     if decision_log is not None:
         from kernel.decisionlog import DecisionLogCollector
 

@@ -341,9 +341,9 @@ class InlineGate:
     """When a hot call may run on the event loop (`call_hot`); installed by the server that knows
     its requests in flight (kernel/cli/server.py)."""
 
-    def __init__(self, in_flight: Callable[[], int], slow: float = INLINE_SLOW, pause: float = INLINE_PAUSE):
+    def __init__(self, in_flight: Callable[[], int], slow_after: float = INLINE_SLOW, pause: float = INLINE_PAUSE):
         self.in_flight = in_flight  # requests the server holds, the caller's own included
-        self.slow_after = slow
+        self.slow_after = slow_after
         self.pause = pause
         self.long_lived = 0  # of those, the event streams held open (`long_lived`): not waiting on the lane
         self.paused_until = 0.0
