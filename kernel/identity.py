@@ -304,6 +304,19 @@ def parse_uuid(text: str) -> str:
     raise ValidationError(f"validation error: invalid id {text!r}")
 
 
+INT64_MAX = 2**63 - 1
+
+
+def whole_number(text: str | None, most: int = INT64_MAX) -> int | None:
+    """`text` as a whole number from 0 to `most` when it is plain ASCII decimal digits (no sign,
+    space or underscore), else None. `str.isdigit` alone is not enough before `int`: it also
+    passes superscripts such as "²", which `int` refuses, and digits of any length."""
+    if not text or len(text) > len(str(most)) or not (text.isascii() and text.isdigit()):
+        return None
+    n = int(text)
+    return n if n <= most else None
+
+
 _uuid_lock = threading.Lock()
 _uuid_last = [0, 0]  # the last millisecond used, and the counter within it
 

@@ -262,6 +262,10 @@ def hand_list(k: Kernel, live: str, lease: tuple[str, int] | None) -> list[tuple
         ("huge lease_timeout_seconds", "POST", "/v0/agents",
          b'{"id":"fuzz-lease","webhook_url":"http://127.0.0.1:9/w","secret":"s","lease_timeout_seconds":4611686018427387904}',
          False),
+        ("NUL in a decisions filter", "GET", "/v0/decisions?agent_id=fu%00zz", b"", False),
+        ("superscript digit as a number", "GET", "/v0/policies/fuzz/shadow/report?samples=%C2%B2", b"", False),
+        ("superscript digit as the dispatch attempt", "POST", f"/v0/executions/{live}/steps",
+         b'{"kind":"tool_call","target":"t","args":null}', True),
     ]
     for name, method, path, body, signed in cases:
         # A fresh connection per case: one case's reset must not be charged to the next.
@@ -269,10 +273,15 @@ def hand_list(k: Kernel, live: str, lease: tuple[str, int] | None) -> list[tuple
             headers = dict(bearer)
             if signed:
                 agent = "no-such-agent" if name.startswith("unknown agent") else AGENT
+                signed_lease: Any = lease if method == "POST" else None
+                if name.endswith("dispatch attempt") and lease is not None:
+                    signed_lease = (lease[0], "\u00b2")  # "²": str.isdigit() says yes, int() no
                 headers = {"Content-Type": "application/json",
-                           **agent_headers(method, path, body, lease if method == "POST" else None, agent_id=agent)}
+                           **agent_headers(method, path, body, signed_lease, agent_id=agent)}
             try:
-                r = http.request(method, path, content=body, headers=headers)
+                # Header values as the wire carries them (latin-1), so "²" is sent as one byte.
+                r = http.request(method, path, content=body,
+                                 headers={h: v.encode("latin-1") for h, v in headers.items()})
             except httpx.HTTPError as exc:
                 out.append((name, 0, type(exc).__name__, False))
                 continue

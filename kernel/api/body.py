@@ -7,7 +7,6 @@ hash of their exact text (rebuno-v0 §1.2).
 from __future__ import annotations
 
 import json
-import re
 from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
@@ -15,41 +14,10 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import Request
 
 from kernel.errors import ValidationError
+from kernel.identity import whole_number
+from kernel.text import text_problem
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def text_problem(value: str) -> str | None:
-    """Why `value` cannot be an identifier or a TEXT column (NUL, a lone surrogate), or None.
-
-    PostgreSQL's TEXT holds no NUL, and a lone surrogate (valid in JSON as `\\ud800`) is not
-    UTF-8, so neither store can keep one; identifiers are refused rather than altered."""
-    if value.isascii():
-        return "must not contain NUL" if "\x00" in value else None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "must be valid Unicode (a lone surrogate is not)"
-    return "must not contain NUL" if "\x00" in value else None
-
-
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-def check_text(value: str, what: str) -> str:
-    """`value`, or a 400 naming `what` when it holds NUL or a lone surrogate."""
-    problem = text_problem(value)
-    if problem is not None:
-        raise ValidationError(f"validation error: {what} {problem}")
-    return value
-
-
-def scrub_text(value: str) -> str:
-    """Free text that is kept whatever it holds (an execution's `error`): NUL and lone surrogates
-    become U+FFFD, as Go's JSON decoder (Rebuno) does with the latter."""
-    if text_problem(value) is None:
-        return value
-    return _UNSTORABLE.sub("\ufffd", value)
 
 
 def _name(value: str) -> str:
@@ -73,8 +41,8 @@ class BodyTooLarge(Exception):
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    declared = whole_number(request.headers.get("content-length"))
+    if declared is not None and declared > limit:
         raise BodyTooLarge()
     chunks: list[bytes] = []
     size = 0

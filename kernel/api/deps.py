@@ -12,11 +12,11 @@ from starlette.responses import Response
 from starlette.routing import compile_path, request_response
 
 from kernel.api.auth import Authenticator
-from kernel.api.body import check_text
 from kernel.api.threads import call, call_hot, long_lived  # noqa: F401 - the routers take them from here
 from kernel.core.kernel import Kernel
 from kernel.errors import ValidationError
-from kernel.identity import parse_uuid
+from kernel.identity import parse_uuid, whole_number
+from kernel.text import check_text
 
 
 def kernel_of(request: Request) -> Kernel:
@@ -53,10 +53,10 @@ def lease(dispatch_id: str | None, attempt: str | None) -> tuple[str, int]:
         did = parse_uuid(dispatch_id)
     except ValidationError:
         raise ValidationError("validation error: bad or missing Rebuno-Dispatch-Id") from None
-    text = (attempt or "").strip()
-    if not text.isdigit() or int(text) < 1:
+    n = whole_number((attempt or "").strip())
+    if n is None or n < 1:
         raise ValidationError("validation error: bad or missing Rebuno-Dispatch-Attempt")
-    return did, int(text)
+    return did, n
 
 
 class LeanRoute(APIRoute):

@@ -204,17 +204,24 @@ async def chart_svg(request: Request) -> Response:
 
 
 async def _rows(request: Request, query: decisions.DecisionQuery) -> AsyncIterator[dict[str, Any]]:
+    """The export's rows, page by page. The first page is read here, before the response starts,
+    so a search the store refuses (an unknown decision, a bad cursor) is a 400 with its message
+    rather than a stream cut off after its headers; the rest are read as the stream is sent."""
     k = kernel_of(request)
-    sent = 0
-    q = query
-    while sent < EXPORT_MAX_ROWS:
-        result = await call(decisions.list_decisions, k, q)
-        for r in result.decisions:
-            yield decisions.decision_json(r)
-        sent += len(result.decisions)
-        if not result.next_cursor:
-            return
-        q = decisions.DecisionQuery(**{**_fields(q), "cursor": result.next_cursor})
+    first = await call(decisions.list_decisions, k, query)
+
+    async def pages() -> AsyncIterator[dict[str, Any]]:
+        result, sent = first, 0
+        while True:
+            for r in result.decisions:
+                yield decisions.decision_json(r)
+            sent += len(result.decisions)
+            if not result.next_cursor or sent >= EXPORT_MAX_ROWS:
+                return
+            q = decisions.DecisionQuery(**{**_fields(query), "cursor": result.next_cursor})
+            result = await call(decisions.list_decisions, k, q)
+
+    return pages()
 
 
 def _fields(q: decisions.DecisionQuery) -> dict[str, Any]:
@@ -230,9 +237,10 @@ async def export_jsonl(request: Request) -> Response:
     v = await viewer(request)
     require(v, SCOPE)
     query, _ = await query_of(request, limit=decisions.MAX_PAGE, cursor=False)
+    rows = await _rows(request, query)
 
     async def lines() -> AsyncIterator[bytes]:
-        async for row in _rows(request, query):
+        async for row in rows:
             yield (json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers=_export_headers("decisions.jsonl"))
@@ -249,12 +257,13 @@ async def export_csv(request: Request) -> Response:
     v = await viewer(request)
     require(v, SCOPE)
     query, _ = await query_of(request, limit=decisions.MAX_PAGE, cursor=False)
+    rows = await _rows(request, query)
 
     async def lines() -> AsyncIterator[bytes]:
         buf = io.StringIO()
         w = csv.writer(buf)
         w.writerow(CSV_COLUMNS)
-        async for row in _rows(request, query):
+        async for row in rows:
             w.writerow([_csv_cell(row.get(c)) for c in CSV_COLUMNS])
             if buf.tell() > 64 * 1024:
                 yield buf.getvalue().encode()

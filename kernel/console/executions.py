@@ -22,7 +22,7 @@ from kernel.console.web import (
 from kernel.core import agents, executions, timeline
 from kernel.domain import ExecutionStatus
 from kernel.errors import ValidationError
-from kernel.identity import parse_uuid
+from kernel.identity import parse_uuid, whole_number
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 PAGE_SIZE = 50
@@ -68,8 +68,7 @@ async def list_page(request: Request) -> Response:
 
 
 def _after(request: Request) -> int:
-    text = request.query_params.get("after_seq") or "0"
-    return int(text) if text.isdigit() else 0
+    return whole_number(request.query_params.get("after_seq")) or 0
 
 
 @router.get("/console/executions/{execution_id}")
@@ -89,7 +88,7 @@ async def timeline_live(execution_id: str, request: Request) -> Response:
     k = kernel_of(request)
     seq, status = await call(timeline.last_event_seq, k, eid)
     seen = request.query_params.get("seen") or ""
-    if seen.isdigit() and int(seen) == seq:
+    if whole_number(seen) == seq:
         return Response(status_code=204, headers={"Cache-Control": "no-store"})
     t = await call(timeline.timeline, k, eid, _after(request))
     return fragment(request, "_timeline.html", headers={"X-Regent-Seq": str(seq), "X-Regent-Status": status},

@@ -17,6 +17,7 @@ from kernel.core import agents, playground
 from kernel.core.policy_test import Candidate
 from kernel.domain import PolicyInput, StepKind
 from kernel.errors import NotFound, ValidationError
+from kernel.identity import whole_number
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 DEFAULTS = {"agent_id": "", "kind": "tool_call", "target": "", "args": "{}", "candidate_kind": "yaml", "candidate": "",
@@ -157,7 +158,8 @@ async def replay(request: Request) -> Response:
     v = await viewer(request)
     fields = await _fields(request, v)
     require(v, "policies:write", "executions:read")
-    n = int(fields["n"]) if fields["n"].isdigit() else 10
+    n = whole_number(fields["n"])
+    n = 10 if n is None else n
     name = "candidate.yaml"
     try:
         candidate, name = _candidate(fields)

@@ -19,6 +19,7 @@ from kernel.console.web import ConsoleRoute, form, kernel_of, page, redirect, re
 from kernel.core import agents, policies, shadow
 from kernel.core.policies import Actor, PolicyRevision
 from kernel.errors import NotFound, ValidationError
+from kernel.identity import whole_number
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 _LINE = re.compile(r"\bline (\d+)(?::(\d+))?: ")
@@ -86,17 +87,17 @@ async def _page(request: Request, agent_id: str | None, status: int = 200, **ext
     q = request.query_params
     changes: list[str] | None = None
     by_seq = {r.seq: r for r in ctx["revisions"]}
-    if q.get("from", "").isdigit() and q.get("to", "").isdigit():
-        old, new = by_seq.get(int(q["from"])), by_seq.get(int(q["to"]))
+    if (first := whole_number(q.get("from"))) is not None and (last := whole_number(q.get("to"))) is not None:
+        old, new = by_seq.get(first), by_seq.get(last)
         if old is None or new is None:
             raise NotFound("no such revision to compare")
         changes = diff(old, new)
     files = source_files(ctx["active"]) if ctx["active"] else []
     notice = ""
-    if q.get("stored", "").isdigit():
-        notice = f"Stored revision #{q['stored']}; it is active now."
-    elif q.get("activated", "").isdigit():
-        notice = f"Revision #{q['activated']} is active again."
+    if (stored := whole_number(q.get("stored"))) is not None:
+        notice = f"Stored revision #{stored}; it is active now."
+    elif (activated := whole_number(q.get("activated"))) is not None:
+        notice = f"Revision #{activated} is active again."
     extra.setdefault("errors", [])
     extra.setdefault("uploaded", "")
     extra.setdefault("draft", "")

@@ -23,6 +23,7 @@ from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
 from kernel.core.principals import key_principal
 from kernel.errors import Forbidden, RegentError, ValidationError
+from kernel.identity import whole_number
 
 HERE = Path(__file__).parent
 FORM_LIMIT = 2 * 1024 * 1024  # bytes of a console form (a bundle upload is the largest)
@@ -143,8 +144,8 @@ def same_origin(request: Request) -> None:
 async def form(request: Request, v: Viewer) -> dict[str, Any]:
     """A state-changing form's fields, after its CSRF token is checked (403 without it)."""
     same_origin(request)
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > FORM_LIMIT:
+    length = whole_number(request.headers.get("content-length"))
+    if length is not None and length > FORM_LIMIT:
         raise ValidationError("validation error: the form is over the size limit")
     data = await request.form(max_part_size=FORM_LIMIT)
     fields: dict[str, Any] = {}

@@ -19,6 +19,7 @@ from kernel.core.kernel import Kernel
 from kernel.domain import Approval, Decision, DecisionOutcome, DecisionRecord, Execution
 from kernel.errors import ValidationError
 from kernel.identity import new_uuid7
+from kernel.text import check_text
 
 MAX_PAGE = 500
 _MAX_BATCHES = 100  # a retention pass deletes at most this many batches; the next tick goes on
@@ -106,8 +107,7 @@ def list_decisions(k: Kernel, q: DecisionQuery) -> DecisionPage:
     if q.decision is not None and q.decision not in DecisionOutcome._value2member_map_:
         allowed = ", ".join(DecisionOutcome)
         raise ValidationError(f"validation error: decision must be one of {allowed}")
-    filters = {name: value for name in ("agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id")
-               if (value := getattr(q, name)) is not None}
+    filters = _filters(q)
     before = decode_cursor(q.cursor) if q.cursor else None
     with k.store.read() as tx:
         rows = tx.list_decisions(filters, since=q.since, until=q.until, before=before, limit=q.limit + 1,
@@ -181,7 +181,10 @@ class DecisionCounts:
 
 
 def _filters(q: DecisionQuery) -> dict[str, str]:
-    return {name: value for name in ("agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id")
+    """The query's column filters; a 400 for a value no record can hold (NUL, a lone surrogate),
+    which PostgreSQL would refuse to compare and SQLite would simply not match."""
+    return {name: check_text(value, name) for name in ("agent_id", "decision", "rule_id", "target", "policy_hash",
+                                                      "execution_id")
             if (value := getattr(q, name)) is not None}
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from kernel.core.kernel import Kernel
 from kernel.errors import NotFound, ValidationError
+from kernel.text import check_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ def policy_hash_of(k: Kernel, bundle: str, agent_id: str | None = None) -> str:
     the bundle stored under that revision name (of `agent_id` when given), or the one stored hash
     that starts with it (8 or more hex digits: the console shows a hash's first 12). ValidationError
     when no stored bundle, or more than one, answers to it."""
-    text = bundle.strip()
+    text = check_text(bundle.strip(), "bundle")
     hexadecimal = all(c in "0123456789abcdef" for c in text.lower())
     if len(text) == 64 and hexadecimal:
         return text.lower()

@@ -11,6 +11,7 @@ from kernel.core.executions import load_owned
 from kernel.core.kernel import Kernel
 from kernel.domain import Approval, Event, EventType, Execution, Step
 from kernel.errors import ValidationError
+from kernel.text import check_text
 
 TIMELINE_EVENTS = 500  # events per timeline page (about 125 steps); the rest are a "later events" link away
 _DECISIONS = {
@@ -35,6 +36,8 @@ def execution_page(
     """Newest first, keyset-paged on the (time-ordered) id."""
     if limit < 1:
         raise ValidationError("validation error: limit must be >= 1")
+    if agent_id is not None:
+        check_text(agent_id, "agent id")
     with k.store.read() as tx:
         rows = tx.list_executions(agent_id, status, cursor, limit + 1, created_from=created_from,
                                   created_to=created_to)

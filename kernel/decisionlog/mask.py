@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernel.errors import ConfigError
+from kernel.identity import whole_number
 
 __all__ = ["MaskRule", "apply_masks", "parse_mask_rules"]
 
@@ -106,8 +107,7 @@ def _apply(node: Any, path: tuple[str, ...], rule: MaskRule) -> tuple[Any, bool]
         if not hit:
             return node, False
         return {**node, head: child}, True
-    if isinstance(node, list) and head.isdigit() and int(head) < len(node):
-        i = int(head)
+    if isinstance(node, list) and (i := whole_number(head, len(node) - 1)) is not None:
         items = list(node)
         if not rest:
             if rule.op == "remove":

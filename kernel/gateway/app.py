@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kernel.gateway.kernel_client import KernelClient, Lease
+from kernel.identity import whole_number
 
 log = logging.getLogger("regent.gateway")
 
@@ -53,7 +54,7 @@ def _lease(request: Request) -> Lease | JSONResponse:
         if len(got) != 1 or not got[0].strip():
             return openai_error(400, f"missing or repeated lease header {name}")
         values[field] = got[0].strip()
-    if not values["dispatch_attempt"].isdigit():
+    if whole_number(values["dispatch_attempt"]) is None:
         return openai_error(400, "x-rebuno-dispatch-attempt must be a positive integer")
     return Lease(**values)
 
@@ -131,8 +132,8 @@ def create_gateway_app(upstream: str, kernel_url: str, *, max_body_bytes: int = 
         lease = _lease(request)
         if isinstance(lease, JSONResponse):
             return lease
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_body_bytes:
+        declared = whole_number(request.headers.get("content-length"))
+        if declared is not None and declared > max_body_bytes:
             return openai_error(413, f"request body is over {max_body_bytes} bytes")
         raw = bytearray()
         async for part in request.stream():

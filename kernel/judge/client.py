@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from kernel.domain import JudgeAnswer, JudgeSpec, PolicyInput
+from kernel.identity import whole_number
 from kernel.judge.provider import JudgeProvider
 from kernel.judge.template import TemplateError
 
@@ -184,8 +185,8 @@ def probabilities(raw: bytes, path: tuple[str, ...]) -> dict[str, float]:
     for key in path:
         if isinstance(out, dict):
             out = out.get(key)
-        elif isinstance(out, list) and key.isdigit() and int(key) < len(out):
-            out = out[int(key)]
+        elif isinstance(out, list) and (i := whole_number(key, len(out) - 1)) is not None:
+            out = out[i]
         else:
             raise _BadAnswer(f"judge response has no {where}")
     probs = {k: float(v) for k, v in out.items()

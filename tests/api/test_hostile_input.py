@@ -84,6 +84,25 @@ def test_after_seq_beyond_int64_is_400(server: ServerThread, running: Running) -
     assert len(httpx.get(f"{server.url}/v0/executions/{eid}/events?limit=9223372036854775808").json()) == 3
 
 
+def test_a_superscript_digit_is_not_a_number_anywhere_a_number_is_read(server: ServerThread, running: Running,
+                                                                        agent_client: AgentClient) -> None:
+    """`str.isdigit()` passes "²", which `int()` refuses: each place that read a number that way
+    answered 500 (found by a probe, 2026-12-05). Now every one reads plain ASCII digits only."""
+    eid, did, att = running.start()
+    # The lease's attempt header, on every agent call (signed as sent, so the signature holds).
+    agent_client.lease(did, att).attempt = "²"
+    r = agent_client.request("POST", f"/v0/executions/{eid}/steps", {"kind": "tool_call", "target": "t", "args": {}},
+                             headers={"Rebuno-Dispatch-Attempt": b"\xb2"})  # type: ignore[dict-item]
+    assert _is_400(r) and "Dispatch-Attempt" in r.json()["message"], r.text
+    # An unparsable after_seq falls back to 0, as Rebuno's does (rebuno-v0 §7.2).
+    events = httpx.get(f"{server.url}/v0/executions/{eid}/events?after_seq=%C2%B2")
+    assert events.status_code == 200 and [e["event_seq"] for e in events.json()][:1] == [1], events.text
+    # The shadow report's whole-number parameters: a 400 naming the parameter, never a 500.
+    for q in ("samples=%C2%B2", "top=" + "9" * 5000, "shadow_id=%C2%B2"):
+        r = httpx.get(f"{server.url}/v0/policies/{running.agent_id}/shadow/report?{q}")
+        assert _is_400(r) and q.split("=")[0] in r.json()["message"], (q, r.text)
+
+
 @pytest.mark.parametrize("where", ["input", "args"])
 def test_integers_over_4300_digits_are_400(server: ServerThread, running: Running, agent_client: AgentClient,
                                            where: str) -> None:

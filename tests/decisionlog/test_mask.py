@@ -38,6 +38,13 @@ def test_a_path_that_is_absent_changes_nothing() -> None:
     assert out["input"] == ENTRY["input"] and "erased" not in out
 
 
+def test_a_list_index_is_plain_digits_within_the_list() -> None:
+    # "²" passes str.isdigit() but not int(): it raised at the first decision the rule met.
+    out = apply_masks(ENTRY, parse_mask_rules("/args/keys/²,/args/keys/2,/args/keys/01x"))
+    assert out["input"]["args"]["keys"] == ["a", "b"] and "erased" not in out
+    assert apply_masks(ENTRY, parse_mask_rules("/args/keys/0"))["input"]["args"]["keys"] == ["b"]
+
+
 def test_pointer_escapes_name_keys_with_slashes_and_tildes() -> None:
     entry = {"input": {"args": {"a/b": 1, "c~d": 2, "e": 3}}}
     out = apply_masks(entry, parse_mask_rules("/args/a~1b,/args/c~0d"))

@@ -220,6 +220,16 @@ def test_missing_lease_header_is_400_in_openai_shape(stack: Stack, drop: str) ->
     assert "sk-test" not in r.text and stack.calls == []
 
 
+@pytest.mark.parametrize("attempt", [b"\xb2", b"x1", b"-1"], ids=["superscript-two", "letters", "negative"])
+def test_a_dispatch_attempt_that_is_not_a_plain_number_is_400_in_openai_shape(stack: Stack, attempt: bytes) -> None:
+    # "²" passed str.isdigit() and reached the kernel as the attempt; it is refused here now.
+    _, h = stack.lease_headers()
+    h["X-Rebuno-Dispatch-Attempt"] = attempt  # type: ignore[assignment]
+    r = stack.chat(h, {"model": "gpt-4o-mini", "messages": []})
+    assert r.status_code == 400 and "x-rebuno-dispatch-attempt" in r.json()["error"]["message"], r.text
+    assert stack.calls == []
+
+
 def test_streamed_call_publishes_its_deltas_to_the_side_channel(stack: Stack) -> None:
     import threading
 

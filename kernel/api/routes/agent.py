@@ -14,10 +14,8 @@ from kernel.api.body import (
     Name,
     Strict,
     _Number,
-    check_text,
     dumps_lexical,
     parse_model,
-    scrub_text,
 )
 from kernel.api.deps import (
     LeanRoute,
@@ -35,6 +33,7 @@ from kernel.core import executions, resources, sessions, steps
 from kernel.domain import StepKind
 from kernel.errors import Forbidden, ValidationError
 from kernel.identity import canonical_hash, canonical_json
+from kernel.text import check_text, scrub_text
 
 router = APIRouter()
 

@@ -8,17 +8,18 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Name, Strict, check_text, parse_model, read_body
+from kernel.api.body import Name, Strict, parse_model, read_body
 from kernel.api.deps import agent_param, auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse, approval_json, event_json, execution_json
 from kernel.core import approvals, executions, forks
 from kernel.domain import ApprovalStatus, ExecutionStatus
 from kernel.errors import ValidationError
+from kernel.identity import INT64_MAX, whole_number
+from kernel.text import check_text
 
 router = APIRouter()
 _EXECUTION_STATUSES = frozenset(s.value for s in ExecutionStatus)
 _APPROVAL_STATUSES = frozenset(s.value for s in ApprovalStatus) | {"all"}
-INT64_MAX = 2**63 - 1
 
 
 class SpawnedBy(Strict):
@@ -130,7 +131,7 @@ async def list_events(execution_id: str, request: Request) -> Response:
     # Unparsable values fall back to the defaults, as Rebuno does (rebuno-v0 §7.2); a whole number
     # past the int64 event seqs is a 400 (no store compares such a value).
     text = (q.get("after_seq") or "0").strip()
-    if text.isdigit() and (len(text) > 19 or int(text) > INT64_MAX):
+    if text.isascii() and text.isdigit() and whole_number(text) is None:
         raise ValidationError(f"validation error: after_seq must be at most {INT64_MAX}")
     try:
         after = max(int(text), 0)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Strict, check_text, parse_model
+from kernel.api.body import Strict, parse_model
 from kernel.api.deps import agent_param, auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse
 from kernel.api.routes.client import _body, check_session
@@ -21,6 +21,7 @@ from kernel.core.policies import Actor, PolicyRevision
 from kernel.core.policy_test import Candidate
 from kernel.errors import Forbidden, ValidationError
 from kernel.policy.replay import result_json
+from kernel.text import check_text
 
 router = APIRouter()
 # A revision seq is an INTEGER column (32-bit on PostgreSQL): a larger one is a 400, not a driver

@@ -17,6 +17,7 @@ from kernel.clock import rfc3339
 from kernel.core import shadow
 from kernel.core.shadow import Shadow
 from kernel.errors import ValidationError
+from kernel.identity import whole_number
 
 router = APIRouter()
 
@@ -78,9 +79,10 @@ def _int_param(request: Request, name: str, default: int | None, low: int, high:
     text = request.query_params.get(name)
     if text is None:
         return default
-    if not text.isdigit() or not low <= int(text) <= high:
+    n = whole_number(text, high)
+    if n is None or n < low:
         raise ValidationError(f"validation error: {name} must be a whole number from {low} to {high}")
-    return int(text)
+    return n
 
 
 @router.put("/v0/policies/{agent_id}/shadow")
