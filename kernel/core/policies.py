@@ -10,6 +10,8 @@ from kernel.core.kernel import Kernel
 from kernel.errors import NotFound, ValidationError
 from kernel.text import check_text
 
+MAX_REVISION_SEQ = 999_999_999  # a revision number any store column holds
+
 
 @dataclass(frozen=True, slots=True)
 class Actor:
@@ -140,6 +142,9 @@ def policy_hash_of(k: Kernel, bundle: str, agent_id: str | None = None) -> str:
 
 
 def activate_revision(k: Kernel, agent_id: str, seq: int, actor: Actor | None = None) -> None:
+    check_text(agent_id, "agent id")
+    if not 1 <= seq <= MAX_REVISION_SEQ:
+        raise ValidationError(f"validation error: a revision is numbered 1-{MAX_REVISION_SEQ}")
     who = actor or Actor()
     with k.store.transaction(lock=f"policy:{agent_id}") as tx:
         if tx.get_agent(agent_id) is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import uuid
 from collections.abc import Iterator
 
@@ -99,3 +100,26 @@ def test_a_superscript_in_a_revision_comparison_is_ignored(server: ServerThread,
 def test_an_unknown_execution_is_a_404_not_a_500(server: ServerThread) -> None:
     r = _get(server, f"/console/executions/{uuid.uuid4()}?after_seq={SUPERSCRIPT_TWO}")
     assert r.status_code == 404, r.text[:300]
+
+
+def _form(server: ServerThread) -> tuple[httpx.Client, str]:
+    """A console session and its CSRF token, read from a page's form as a browser would."""
+    c = httpx.Client(base_url=server.url, timeout=10, follow_redirects=False, headers={"Origin": server.url})
+    token = re.search(r'name="csrf" value="([^"]+)"', c.get("/console/playground").text)
+    assert token is not None
+    return c, token.group(1)
+
+
+@pytest.mark.parametrize("path", [f"/console/policies/shell/revisions/{2**70}/activate",
+                                  "/console/policies/shell/revisions/999999999999999999999999999999/activate",
+                                  "/console/policies/a%00b/revisions/1/activate"],
+                         ids=["seq-2^70", "seq-30-digits", "agent-nul"])
+def test_re_activating_a_revision_no_store_could_hold_is_a_400(server: ServerThread, running: Running,
+                                                                path: str) -> None:
+    # Before: the console's route passed the seq (or the NUL) to the store, a driver error, a 500.
+    c, csrf = _form(server)
+    try:
+        r = c.post(path, data={"csrf": csrf})
+    finally:
+        c.close()
+    assert r.status_code == 400, r.text[:300]

@@ -26,7 +26,8 @@ from kernel.text import check_text
 router = APIRouter()
 # A revision seq is an INTEGER column (32-bit on PostgreSQL): a larger one is a 400, not a driver
 # overflow (docs/api.md, "Bounds"; 2^63 - 1 here let 2^31 … 2^63 - 1 reach PostgreSQL, a 500).
-_MAX_SEQ = 999_999_999
+# The core checks it too (the console's route reaches it without this one's Path bound).
+_MAX_SEQ = policies.MAX_REVISION_SEQ
 
 
 class StoreBody(Strict):
