@@ -63,12 +63,19 @@ def _is_event_stream(content_type: str) -> bool:
     return content_type.split(";", 1)[0].strip().lower() == "text/event-stream"
 
 
+_NO_BODY = frozenset({204, 205, 304})  # statuses a response may not carry a body with
+
+
 def _from_record(record: Any) -> Response:
-    """Rebuild a recorded response (the SDK's {status, headers, body} record); streams re-stream."""
-    if not isinstance(record, dict):
+    """Rebuild a recorded response (the SDK's {status, headers, body} record); streams re-stream.
+    A result that is not such a record (an agent may have recorded the same step itself, with
+    any JSON) is answered as it is, as JSON."""
+    status = record.get("status", 200) if isinstance(record, dict) else None
+    headers = (record.get("headers") or {}) if isinstance(record, dict) else None
+    if (not isinstance(status, int) or isinstance(status, bool) or not 200 <= status <= 599
+            or status in _NO_BODY or not isinstance(headers, dict)):
         return JSONResponse(record)
-    status = int(record.get("status", 200))
-    content_type = str((record.get("headers") or {}).get("content-type", "application/json"))
+    content_type = str(headers.get("content-type", "application/json"))
     body = record.get("body", "")
     content = body.encode("utf-8") if isinstance(body, str) else json.dumps(body).encode("utf-8")
     if _is_event_stream(content_type):

@@ -253,3 +253,23 @@ def test_streamed_call_publishes_its_deltas_to_the_side_channel(stack: Stack) ->
     assert stack.chat(h, {"model": "gpt-4o-mini", "stream": True, "messages": []}).text == STREAM
     t.join(10)
     assert "".join(got) == STREAM
+
+
+@pytest.mark.parametrize("record", [{"status": "abc", "body": "x"}, {"status": 99}, {"status": 10**30},
+                                    {"status": True}, {"status": 204, "body": "x"}, {"status": 200, "headers": ["x"]},
+                                    ["not", "a", "record"], None, "text"],
+                         ids=["status-text", "status-99", "status-huge", "status-bool", "no-body-status",
+                              "headers-list", "list", "null", "string"])
+def test_a_replayed_result_that_is_not_a_gateway_record_is_answered_as_json(record: Any) -> None:
+    # An agent may record the same llm_call step itself, with any JSON: the replay must not 500.
+    from kernel.gateway.app import _from_record
+
+    r = _from_record(record)
+    assert r.status_code == 200 and json.loads(bytes(r.body)) == record
+
+
+def test_a_gateway_record_is_rebuilt_with_its_status_and_type() -> None:
+    from kernel.gateway.app import _from_record
+
+    r = _from_record({"status": 201, "headers": {"content-type": "text/plain"}, "body": "hi"})
+    assert (r.status_code, r.media_type, bytes(r.body)) == (201, "text/plain", b"hi")
