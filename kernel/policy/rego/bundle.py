@@ -15,6 +15,7 @@ import os
 import posixpath
 import re
 import tarfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -180,7 +181,7 @@ def parse_rego_tarball(raw: bytes, *, origin: str = "") -> RegoBundle:
         if raw[:2] == b"\x1f\x8b":
             with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
                 raw = gz.read(_MAX_TAR_BYTES + 1)
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # zlib.error: a gzip header over corrupt data
         raise bundle_error(f"{name}: not a gzip file ({exc})") from None
     if len(raw) > _MAX_TAR_BYTES:
         raise bundle_error(f"{name}: bundle expands past {_MAX_TAR_BYTES} bytes")

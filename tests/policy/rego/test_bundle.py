@@ -237,6 +237,28 @@ def test_garbage_tarball_is_rejected() -> None:
         parse_rego_tarball(b"\x1f\x8bnot really gzip")
 
 
+def test_a_corrupted_tarball_is_always_a_bundle_error() -> None:
+    # A gzip header over corrupt deflate data raised zlib.error (a 500 on upload); 2 000 seeded
+    # mutations of a good bundle, gzipped and plain, each either load or are a ValidationError.
+    import gzip
+    import random
+
+    good = tarball({".manifest": json.dumps(MANIFEST), "policy.rego": POLICY})
+    rnd = random.Random(5)
+    for i in range(2000):
+        data = bytearray(good if i % 2 else gzip.decompress(good))
+        for _ in range(rnd.randint(1, 8)):
+            p = rnd.randrange(len(data))
+            if rnd.random() < 0.7:
+                data[p] = rnd.randrange(256)
+            else:
+                del data[p:p + rnd.randint(1, 64)]
+        try:
+            parse_rego_tarball(bytes(data))
+        except ValidationError:
+            pass
+
+
 def test_data_conflict_between_files_is_rejected(tmp_path: Path) -> None:
     root = write_bundle(tmp_path / "b")
     (root / "data.json").write_text('{"shell": {"limits": 3}}')
