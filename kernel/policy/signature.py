@@ -24,6 +24,7 @@ import os
 import posixpath
 import tarfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,7 +276,7 @@ def _tar_files(raw: bytes, name: str) -> dict[str, bytes]:
                     raise ValidationError(f"{name}: {path} appears twice in the tarball")
                 fh = tar.extractfile(member)
                 files[path] = fh.read() if fh else b""
-    except (OSError, EOFError, tarfile.TarError) as exc:
+    except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:  # zlib.error: corrupt gzip data
         raise ValidationError(f"{name}: not a readable tarball ({exc})") from None
     return _strip_top(files)
 
@@ -389,7 +390,7 @@ def verify_token(token: str, keys: list[VerificationKey], *, default_key_id: str
                                f"{key.key_id or '(default)'} and {key.algorithm} ({exc})") from None
     want_scope = key.scope or ""
     got_scope = claims.get("scope") or ""
-    if not hmac.compare_digest(str(got_scope).encode(), want_scope.encode()):
+    if not hmac.compare_digest(str(got_scope).encode("utf-8", "surrogatepass"), want_scope.encode()):
         raise SignatureRefused("scope_mismatch", f"scope {got_scope!r} is not the configured scope "
                                f"{want_scope!r}")
     return claims
@@ -398,7 +399,8 @@ def verify_token(token: str, keys: list[VerificationKey], *, default_key_id: str
 def _pick(keyset: list[VerificationKey], kid: str | None) -> VerificationKey:
     if kid is not None:
         for k in keyset:
-            if k.key_id is not None and hmac.compare_digest(k.key_id.encode(), kid.encode()):
+            # surrogatepass: a JWT's JSON may name a lone surrogate, which no configured id holds
+            if k.key_id is not None and hmac.compare_digest(k.key_id.encode(), kid.encode("utf-8", "surrogatepass")):
                 return k
         if len(keyset) == 1 and keyset[0].key_id is None:
             return keyset[0]  # one unnamed key: whatever name the signer gave

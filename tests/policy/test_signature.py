@@ -133,6 +133,33 @@ def test_the_refusal_matrix(tmp_path: Path) -> None:
     assert _refusal(garbled, key) == "signature_malformed"
 
 
+@pytest.mark.parametrize("where", ["header kid", "payload keyid"])
+def test_a_key_id_holding_a_lone_surrogate_is_an_unknown_key(where: str) -> None:
+    # JSON may escape a lone surrogate; comparing it with the configured ids raised
+    # UnicodeEncodeError (a 500 on upload, a crash in the puller's cycle) before the signature.
+    import base64
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    head, body = ((b'{"alg":"HS256","kid":"\\ud800"}', b'{"files":[]}') if where == "header kid"
+                  else (b'{"alg":"HS256"}', b'{"keyid":"\\udfff","files":[]}'))
+    keys = [VerificationKey("k" * 32, "HS256", "k1"), VerificationKey("j" * 32, "HS256", "k2")]
+    with pytest.raises(SignatureRefused) as refused:
+        verify_token(f"{b64(head)}.{b64(body)}.{b64(b'sig')}", keys)
+    assert refused.value.reason == "key_unknown"
+
+
+def test_a_tarball_with_corrupt_gzip_data_is_a_clear_refusal() -> None:
+    # A good gzip header over corrupt deflate data raised zlib.error past the tarball reader.
+    import gzip
+
+    good = gzip.compress(b"x" * 4096)
+    corrupt = good[:12] + bytes(b ^ 0x5A for b in good[12:-8]) + good[-8:]
+    with pytest.raises(ValidationError, match="not a readable tarball"):
+        read_bundle_files(corrupt)
+
+
 def test_an_unsigned_bundle_passes_when_no_key_is_configured(tmp_path: Path) -> None:
     assert verify_bundle_files(read_bundle_files(copy_bundle(tmp_path)), None) is None
 
