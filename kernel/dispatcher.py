@@ -38,6 +38,9 @@ MAX_REAP_INTERVAL = 2.0
 CLAIM_CHUNK = 8
 RECORD_CHUNK = 16
 MAX_RECORDERS = 4  # record calls queued at once (PostgreSQL's lane runs them side by side)
+# An agent's answer body is not used: this much is read so its connection can carry the next
+# delivery; past it the connection is closed instead.
+MAX_ANSWER_BYTES = 64 * 1024
 
 
 def webhook_body(claim: Claim) -> bytes:
@@ -286,17 +289,31 @@ class Dispatcher:
                 await self._record_verdicts()
 
     async def _post(self, claim: Claim, agent: Agent) -> tuple[bool, str | None]:
+        """One delivery, bounded as a whole by `timeout` (httpx's own timeouts are per read: a
+        webhook trickling its headers, or a body that never ends, would hold a worker forever).
+        The answer's status is the verdict; its body is read up to MAX_ANSWER_BYTES, no more."""
         body = webhook_body(claim)
         headers = webhook_headers(claim, agent.secret, body, self.kernel.replica_id)
+        status: int | None = None
         try:
-            resp = await self._http.post(agent.webhook_url, content=body, headers=headers, timeout=self.timeout)
-        except httpx.TimeoutException:
-            return False, f"timeout after {self.timeout:g}s"
+            async with asyncio.timeout(self.timeout):
+                async with self._http.stream("POST", agent.webhook_url, content=body, headers=headers,
+                                             timeout=self.timeout) as resp:
+                    status = resp.status_code
+                    read = 0
+                    async for chunk in resp.aiter_raw():
+                        read += len(chunk)
+                        if read > MAX_ANSWER_BYTES:
+                            break  # leaving the block closes this connection rather than reading on
+        except (TimeoutError, httpx.TimeoutException):
+            if status is None:
+                return False, f"timeout after {self.timeout:g}s"
         except httpx.HTTPError as exc:
-            return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if 200 <= resp.status_code < 300:
+            if status is None:
+                return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if 200 <= status < 300:
             return True, None
-        return False, f"HTTP {resp.status_code}"
+        return False, f"HTTP {status}"
 
     async def _run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._run_on is not None:

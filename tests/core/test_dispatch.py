@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import re
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
@@ -202,6 +203,90 @@ def test_slow_webhook_times_out_as_a_failed_delivery(kernel: Kernel, receiver: t
     run(kernel, deliver, timeout=0.2)
     r.release.set()
     assert [p["error"] for p in dispatch_events(kernel, eid, "dispatch.failed")] == ["timeout after 0.2s"]
+
+
+class RawWebhook:
+    """A loopback webhook written on a bare socket, to answer the way no well-behaved server does:
+    `mode` "endless-body" (200, then a chunk every 20 ms without end), "trickle-headers" (a header
+    byte every 50 ms, never finishing them) or "big-body" (200 and 1 MB at once). Every loop is
+    bounded: a connection lives at most 20 s."""
+
+    def __init__(self, mode: str) -> None:
+        import socket
+
+        self.mode = mode
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/webhook"
+        self.done = threading.Event()
+        self.requests = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.requests += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: Any) -> None:
+        import time
+
+        deadline = time.monotonic() + 20
+        try:
+            request = b""  # read the whole request: closing on unread bytes would reset the answer
+            while b"\r\n\r\n" not in request and time.monotonic() < deadline:
+                request += conn.recv(65536)
+            head, _, body = request.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+            while len(body) < length and time.monotonic() < deadline:
+                body += conn.recv(65536)
+            if self.mode == "trickle-headers":
+                for b in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 1000:
+                    if self.done.is_set() or time.monotonic() > deadline:
+                        return
+                    conn.sendall(bytes([b]))
+                    time.sleep(0.05)
+            elif self.mode == "endless-body":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                while not self.done.is_set() and time.monotonic() < deadline:
+                    conn.sendall(b"400\r\n" + b"x" * 1024 + b"\r\n")
+                    time.sleep(0.02)
+            else:
+                body = b"x" * (1 << 20)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.done.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize(("mode", "verdict"), [("endless-body", "dispatch.acked"), ("big-body", "dispatch.acked"),
+                                               ("trickle-headers", "dispatch.failed")])
+def test_a_webhook_that_never_finishes_answering_is_bounded_by_the_delivery_timeout(
+        kernel: Kernel, mode: str, verdict: str) -> None:
+    # Before: httpx's timeout is per read, so a body that never ends or headers sent a byte at a
+    # time held a delivery worker (and the answer's memory) for as long as the agent liked; 8
+    # such agents halted every delivery. Now the whole delivery is bounded and the body capped.
+    hook = RawWebhook(mode)
+    try:
+        agent(kernel, hook.url)
+        eid = start(kernel)
+
+        async def scenario(d: Dispatcher) -> None:
+            await asyncio.wait_for(deliver(d), 10)  # the old code never returned here
+
+        run(kernel, scenario, timeout=0.5)
+    finally:
+        hook.close()
+    assert types(kernel, eid)[-1] == verdict
+    if verdict == "dispatch.failed":
+        assert dispatch_events(kernel, eid, verdict)[0]["error"] == "timeout after 0.5s"
 
 
 def test_delivery_failing_every_attempt_fails_the_execution_dispatch_exhausted(
