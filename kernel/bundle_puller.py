@@ -174,6 +174,9 @@ class BundlePuller:
         return self._succeeded(st, "activated")
 
     def _download(self, s: BundleSource, headers: dict[str, str]) -> tuple[bytes, str | None, int]:
+        # httpx's timeout is per read: the whole body is bounded too (a server trickling it would
+        # otherwise hold the one puller thread, and every agent's updates, indefinitely).
+        deadline = time.monotonic() + 2 * s.timeout
         with self._client.stream("GET", s.url, headers=headers, timeout=s.timeout) as r:
             if r.status_code != 200:
                 return b"", None, r.status_code
@@ -182,6 +185,8 @@ class BundlePuller:
                 size += len(chunk)
                 if size > MAX_DOWNLOAD_BYTES:
                     raise ValueError(f"bundle download is larger than {MAX_DOWNLOAD_BYTES} bytes")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"bundle download took over {2 * s.timeout:g}s")
                 chunks.append(chunk)
             return b"".join(chunks), r.headers.get("ETag"), 200
 

@@ -385,3 +385,43 @@ def test_a_tarball_that_arrives_decompressed_is_still_a_tarball(
         assert active_policy(pulled, AGENT).kind == "rego" and active_policy(pulled, AGENT).revision == "plain-tar"
     finally:
         puller.close()
+
+
+def test_a_bundle_server_trickling_its_body_is_cut_off_and_the_revision_kept(pulled: Kernel) -> None:
+    # httpx's timeout is per read: a byte every 50 ms never trips a 0.3 s read timeout, and held
+    # the one puller thread for as long as the server liked. The whole download is now bounded.
+    import socket
+    import threading
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        try:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            for _ in range(400):  # at most 20 s
+                if done.is_set():
+                    break
+                conn.sendall(b"x")
+                time.sleep(0.05)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    src = BundleSource(AGENT, f"http://127.0.0.1:{sock.getsockname()[1]}/b.tar.gz", min_delay=0.05, max_delay=0.1,
+                       timeout=0.3)
+    puller = BundlePuller(pulled, [src])
+    try:
+        started = time.monotonic()
+        assert puller.poll(AGENT) is False
+        assert time.monotonic() - started < 10  # the old code read on for the server's 20 s
+        err = puller.status[AGENT].last_error
+        assert err is not None and err["reason"] == "download_error" and "took over 0.6s" in err["message"]
+    finally:
+        done.set()
+        sock.close()
+        puller.close()
