@@ -22,6 +22,7 @@ import httpx
 log = logging.getLogger("kernel.decisionlog")
 
 __all__ = ["FileSink", "HttpSink", "StdoutSink"]
+MAX_ANSWER_BYTES = 64 * 1024  # of a decision-log server's answer: read so its connection is reused, no more
 
 
 class FileSink:
@@ -131,6 +132,7 @@ class HttpSink:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._client = httpx.Client(timeout=timeout, headers=headers)
+        self._upload_deadline = 2 * timeout  # the whole upload, answer included (httpx's is per read)
         self._buf: deque[bytes] = deque()
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -213,21 +215,33 @@ class HttpSink:
         """True when the batch is done with (sent, or rejected and dropped)."""
         body = gzip.compress(b"[" + b",".join(batch) + b"]", compresslevel=5)
         try:
-            r = self._client.post(self.url, content=body)
+            status = self._post(body)
         except httpx.HTTPError as exc:
             self._failed(f"{type(exc).__name__}: {exc}")
             return False
-        if 200 <= r.status_code < 300:
+        if 200 <= status < 300:
             self.uploads_ok += 1
             self.shipped += len(batch)
             self.last_error = ""
             return True
-        if r.status_code in (408, 429) or r.status_code >= 500:
-            self._failed(f"HTTP {r.status_code}")
+        if status in (408, 429) or status >= 500:
+            self._failed(f"HTTP {status}")
             return False
-        self._failed(f"HTTP {r.status_code} (batch dropped)")
+        self._failed(f"HTTP {status} (batch dropped)")
         self._on_drop(self.name, "rejected", len(batch))
         return True
+
+    def _post(self, body: bytes) -> int:
+        """The upload's status. The answer's body is not used: at most MAX_ANSWER_BYTES of it is
+        read, and none once the upload has taken twice the timeout (a body that never ends)."""
+        deadline = time.monotonic() + self._upload_deadline
+        with self._client.stream("POST", self.url, content=body) as r:
+            read = 0
+            for chunk in r.iter_raw():
+                read += len(chunk)
+                if read > MAX_ANSWER_BYTES or time.monotonic() > deadline:
+                    break  # leaving the block closes the connection rather than reading on
+            return r.status_code
 
     def _failed(self, why: str) -> None:
         if why != self.last_error:
