@@ -9,7 +9,7 @@ import io
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from kernel.api.threads import call
+from kernel.clock import parse_time
 from kernel.console.web import (
     SECURITY_HEADERS,
     ConsoleRoute,
@@ -46,13 +47,8 @@ CSV_COLUMNS = ("decided_at", "agent_id", "execution_id", "step_id", "kind", "tar
 
 
 def _time(value: str | None, name: str) -> datetime | None:
-    if not value:
-        return None
-    try:
-        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValidationError(f"validation error: {name} {value!r} is not a date and time") from None
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t
+    """A datetime-local field (no zone: UTC) or an RFC 3339 timestamp."""
+    return parse_time(value, name, naive_is_utc=True) if value else None
 
 
 async def query_of(request: Request, limit: int = PAGE_SIZE,

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from kernel.api.threads import call
+from kernel.clock import parse_time
 from kernel.console.web import (
     ConsoleRoute,
     form,
@@ -38,13 +39,7 @@ def _uuid(value: str, what: str) -> str:
 
 def _time(value: str | None, name: str) -> datetime | None:
     """A datetime-local field (no zone: UTC) or an RFC 3339 timestamp."""
-    if not value:
-        return None
-    try:
-        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValidationError(f"validation error: {name} {value!r} is not a date and time") from None
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t
+    return parse_time(value, name, naive_is_utc=True) if value else None
 
 
 @router.get("/console/executions")

@@ -81,3 +81,28 @@ def test_bad_decision_queries_are_400(server: ServerThread) -> None:
         r = httpx.get(server.url + "/v0/decisions", params=params, headers=BOOT, timeout=10)
         assert r.status_code == 400, params
         assert r.json()["code"] == "validation_error"
+
+
+# Found by a probe (2026-12-05): times and lifetimes past what UTC or a datetime holds were 500s.
+EDGE_TIMES = ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"]  # no UTC equivalent
+
+
+def test_a_decisions_time_range_past_what_utc_holds_is_400(server: ServerThread) -> None:
+    for name in ("since", "until"):
+        for t in EDGE_TIMES:
+            r = httpx.get(server.url + "/v0/decisions", params={name: t}, headers=BOOT, timeout=10)
+            assert r.status_code == 400 and "out of range" in r.json()["message"], (name, t, r.text)
+    # the extremes that do exist in UTC are ordinary bounds
+    page = _get(server, "/v0/decisions", since="0001-01-01T00:00:00Z", until="9999-12-31T23:59:59Z")
+    assert page["decisions"] == []
+
+
+def test_an_api_key_lifetime_past_year_9999_is_400(server: ServerThread) -> None:
+    body: dict[str, Any] = {"name": "k", "scopes": ["executions:read"]}
+    for extra in ({"expires_in": 1e15}, {"expires_in": "99999999999h"}, {"expires_in": "inf"},
+                  {"expires_in": 2**70}, {"expires_at": EDGE_TIMES[1]}):
+        r = httpx.post(server.url + "/v0/api-keys", json={**body, **extra}, headers=BOOT, timeout=10)
+        assert r.status_code == 400 and r.json()["code"] == "validation_error", (extra, r.text)
+    ok = httpx.post(server.url + "/v0/api-keys", json={**body, "expires_in": "720h"}, headers=BOOT, timeout=10)
+    assert ok.status_code == 201 and ok.json()["expires_at"].endswith("Z")
+    assert [k["name"] for k in _get(server, "/v0/api-keys")] == ["k"]  # the refused ones wrote nothing

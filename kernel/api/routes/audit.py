@@ -13,6 +13,7 @@ from kernel.api.body import Strict, parse_model
 from kernel.api.deps import auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse
 from kernel.api.routes.client import _body, _int_param
+from kernel.clock import parse_time
 from kernel.config import seconds
 from kernel.core import api_keys, decisions
 from kernel.errors import ValidationError
@@ -23,15 +24,7 @@ _FILTERS = ("agent_id", "decision", "rule_id", "target", "policy_hash", "executi
 
 
 def _time_param(value: str | None, name: str) -> datetime | None:
-    if value is None or value == "":
-        return None
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValidationError(f"validation error: {name} must be an RFC 3339 time") from None
-    if when.tzinfo is None:
-        raise ValidationError(f"validation error: {name} must carry a time zone (e.g. Z)")
-    return when
+    return parse_time(value, name, naive_is_utc=False) if value else None
 
 
 @router.get("/v0/decisions")
@@ -84,6 +77,8 @@ async def create_api_key(request: Request) -> Response:
             expires = k.clock.now() + timedelta(seconds=seconds(body.expires_in))
         except ValueError as exc:
             raise ValidationError(f"validation error: expires_in: {exc}") from None
+        except OverflowError:  # past year 9999 (or infinite)
+            raise ValidationError("validation error: expires_in is too far in the future") from None
     key, token = await call(api_keys.create_key, k, body.name, body.scopes, expires_at=expires,
                             created_by=principal)
     return JSONResponse({**key.json(), "token": token}, status_code=201)

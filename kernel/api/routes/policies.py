@@ -14,7 +14,7 @@ from kernel.api.body import Strict, parse_model
 from kernel.api.deps import agent_param, auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse
 from kernel.api.routes.client import _body, check_session
-from kernel.clock import rfc3339
+from kernel.clock import parse_time, rfc3339
 from kernel.core import policies, policy_test
 from kernel.core.approvals import Principal
 from kernel.core.policies import Actor, PolicyRevision
@@ -191,15 +191,7 @@ async def test_policy(agent_id: str, request: Request) -> Response:
 
 
 def _since(value: str | None) -> Any:
-    if not value:
-        return None
-    from datetime import UTC, datetime
-
-    try:
-        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValidationError("validation error: executions.since must be an RFC 3339 time") from None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+    return parse_time(value, "executions.since", naive_is_utc=True) if value else None
 
 
 def _case_json(r: Any) -> dict[str, Any]:
