@@ -49,3 +49,25 @@ def test_shipped_bundles_have_no_warnings() -> None:
             continue
         lints = compile_yaml_bundle(path.read_text(), revision="r").lints()
         assert lints == [], path
+
+
+@pytest.mark.parametrize(("then", "code"), [
+    ("{decision: allow, rate_limit: {max_calls: 0, window: 1m}}", "rate-limit-never-limits"),
+    ("{decision: allow, rate_limit: {max_calls: -5, window: 1m}}", "rate-limit-never-limits"),
+    ("{decision: allow, rate_limit: {max_calls: 5}}", "rate-limit-never-limits"),
+    ("{decision: allow, rate_limit: {max_calls: 9007199254740993, window: 1m}}", "rate-limit-past-redis"),
+    ("{decision: deny, budget: {max_tokens: 100}}", "budget-ignored"),
+    ("{decision: allow, budget: {max_tokens: 0}}", "budget-ignored"),
+], ids=["max-calls-0", "max-calls-negative", "no-window", "past-2^53", "budget-on-deny", "budget-0"])
+def test_a_limit_that_does_nothing_is_reported(then: str, code: str) -> None:
+    # Rebuno accepts each of these silently (rebuno-v0 §3.1) and the limit never applies.
+    rules = f"  - id: r\n    when: {{step_kind: tool_call}}\n    then: {then}\n"
+    assert _lints(rules) == [(code, 2, "r")]
+
+
+def test_limits_that_apply_are_not_reported() -> None:
+    rules = ("  - id: r\n    when: {step_kind: tool_call}\n"
+             "    then: {decision: allow, rate_limit: {max_calls: 30, window: 1m}, budget: {max_tokens: 1000}}\n"
+             "  - id: d\n    when: {step_kind: llm_call}\n"
+             "    then: {decision: deny, rate_limit: {max_calls: 9007199254740992, window: 1s}}\n")
+    assert _lints(rules) == []

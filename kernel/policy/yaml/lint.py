@@ -117,7 +117,8 @@ def _implies(pb: Predicate, pa: Predicate) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Lint:
-    """One warning: ``code`` is stable (``unanchored-regex``, ``numeric-regex``, ``shadowed``)."""
+    """One warning: ``code`` is stable (``unanchored-regex``, ``numeric-regex``, ``shadowed``,
+    ``rate-limit-never-limits``, ``rate-limit-past-redis``, ``budget-ignored``)."""
 
     code: str
     line: int
@@ -148,6 +149,31 @@ def _regexes(rule: Rule) -> list[tuple[Predicate, bool]]:
     return found
 
 
+# Redis counts in Lua numbers (doubles): past 2^53 its limiter answers an error for every call.
+REDIS_MAX_CALLS = 2**53
+
+
+def _limit_lints(rule: Rule) -> list[Lint]:
+    """A rate limit or budget that Rebuno accepts silently and that does nothing (rebuno-v0 §3.1)."""
+    out: list[Lint] = []
+    rl, budget = rule.decision.rate_limit, rule.decision.budget
+    if rl is not None and (rl.max_calls <= 0 or rl.window_seconds <= 0):
+        why = "max_calls is not above 0" if rl.max_calls <= 0 else "it has no window"
+        out.append(Lint("rate-limit-never-limits", rule.line, rule.id,
+                        f"then.rate_limit never limits: {why} (a limit needs max_calls >= 1 and a window)"))
+    elif rl is not None and rl.max_calls > REDIS_MAX_CALLS:
+        out.append(Lint("rate-limit-past-redis", rule.line, rule.id, (
+            f"then.rate_limit.max_calls {rl.max_calls} is past what the Redis limiter counts (2^53): with "
+            "REGENT_RATE_LIMIT_STORAGE=redis://… every call is a limiter error (on_limiter_error decides)")))
+    if budget is not None and rule.decision.verdict is not Verdict.ALLOW:
+        out.append(Lint("budget-ignored", rule.line, rule.id,
+                        "then.budget is ignored on a rule that does not allow (budgets apply to allowed steps)"))
+    elif budget is not None and budget.max_tokens <= 0:
+        out.append(Lint("budget-ignored", rule.line, rule.id,
+                        "then.budget is ignored: max_tokens is not above 0 (0 or less disables it)"))
+    return out
+
+
 def lint_rules(rules: tuple[Rule, ...]) -> list[Lint]:
     """The authoring warnings for a compiled rule list, in file order (shadowing included)."""
     lints: list[Lint] = []
@@ -164,6 +190,7 @@ def lint_rules(rules: tuple[Rule, ...]) -> list[Lint]:
                 lints.append(Lint("unanchored-regex", p.line, rule.id, (
                     f'{where} "{p.regex}" is not anchored: RE2 searches anywhere in the value, so '
                     f'this allow rule also matches text that merely contains it; anchor it with ^…$')))
+        lints.extend(_limit_lints(rule))
     for rule_id, by in shadowed_rules(rules):
         rule = by_id[rule_id]
         lints.append(Lint("shadowed", rule.line, rule_id, f"never matches: shadowed by rule {by}"))
