@@ -67,6 +67,7 @@ _DURATIONS = (
     "judge_timeout",
     "judge_breaker_reset",
     "shadow_flush_interval",
+    "request_read_timeout",
 )
 
 
@@ -95,6 +96,10 @@ class Settings(BaseSettings):
 
     # Requests
     max_body_bytes: int = 10 * 1024 * 1024
+    # Each request must arrive whole (line, headers, body) within this long of its connection
+    # opening or of the previous response; else the connection is closed (0 = no deadline;
+    # kernel/api/transport.py)
+    request_read_timeout: float = 30.0
     signature_window_seconds: int = 300
     # Refuse signed agent mutations without a Rebuno-Nonce (the official SDK sends none; docs/api.md)
     require_request_nonce: bool = False

@@ -1,0 +1,90 @@
+"""Each request must arrive whole within REGENT_REQUEST_READ_TIMEOUT (kernel/api/transport.py),
+against a real `regent serve` over raw loopback sockets: a connection that sends nothing, or
+trickles a request's headers or body, is closed; requests that arrived, however long their
+answer stays open, and keep-alive clients that are merely fast enough, are not touched."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reliability.procs import Kernel
+
+pytestmark = pytest.mark.timeout(120)
+DEADLINE = 1.0
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    tmp: Path = tmp_path_factory.mktemp("read-deadline")
+    k = Kernel(f"sqlite:///{tmp}/r.db", tmp / "kernel.log", REGENT_REQUEST_READ_TIMEOUT=f"{DEADLINE}s",
+               REGENT_STREAM_KEEPALIVE_SECONDS="0.5").start()
+    try:
+        yield k
+    finally:
+        k.stop()
+
+
+def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> float | None:
+    """Seconds until the server closed `sock` (sending `trickle` a byte every 100 ms meanwhile),
+    or None if it was still open after `seconds`."""
+    started = time.monotonic()
+    sock.settimeout(0.1)
+    sent = 0
+    while time.monotonic() - started < seconds:
+        try:
+            if sock.recv(4096) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            pass
+        except OSError:
+            return time.monotonic() - started
+        if sent < len(trickle):
+            try:
+                sock.sendall(trickle[sent:sent + 1])
+            except OSError:
+                return time.monotonic() - started
+            sent += 1
+    return None
+
+
+@pytest.mark.parametrize("trickle", [
+    b"",
+    b"GET /v0/health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 500,
+    b"POST /v0/executions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n"
+    + b" " * 400,
+], ids=["silent", "trickled-headers", "trickled-body"])
+def test_a_request_that_does_not_arrive_in_time_has_its_connection_closed(served: Kernel, trickle: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        took = _closed_within(sock, 10, trickle)
+    assert took is not None and DEADLINE * 0.8 <= took <= DEADLINE + 3, took  # before: open for good
+    assert httpx.get(served.url + "/v0/health", timeout=5).status_code == 200
+
+
+def test_an_idle_keep_alive_connection_and_an_open_event_stream_are_left_alone(served: Kernel) -> None:
+    from reliability.procs import TOKEN
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=served.url, headers=headers, timeout=10) as http:
+        agent = {"id": "deadline", "webhook_url": "http://127.0.0.1:9/w", "secret": "s"}
+        assert http.post("/v0/agents", json=agent).status_code in (200, 201)
+        eid = http.post("/v0/executions", json={"agent_id": "deadline"}).json()["id"]
+        # A stream whose request arrived stays open past the deadline, its keep-alive frames and all.
+        with httpx.Client(base_url=served.url, headers=headers, timeout=10) as watcher, \
+                watcher.stream("GET", f"/v0/executions/{eid}/stream") as events:
+            lines = events.iter_lines()
+            assert next(lines) == ": ok"
+            # Requests on one keep-alive connection, spaced under uvicorn's idle timeout (5 s)
+            # but together well past the deadline, each arrive in time and are answered.
+            for _ in range(4):
+                assert http.get(f"/v0/executions/{eid}").status_code == 200
+                time.sleep(DEADLINE * 0.7)
+            # The stream still carries its keep-alive frames (every 0.5 s) well past the deadline:
+            # six of them span 3 s, three times the deadline (the stream would have ended at one).
+            frames = [next(line for line in lines if line) for _ in range(6)]
+            assert frames == [": keep-alive"] * 6
