@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from kernel import yamldoc
 from kernel.errors import ConfigError
 from kernel.judge.template import Template, TemplateError
 from kernel.policy.duration import DurationError, parse_duration
@@ -53,7 +54,7 @@ def _expand(value: str, env: Mapping[str, str]) -> str:
 def parse_provider(text: str, env: Mapping[str, str], source: str = "judge provider") -> JudgeProvider:
     """Parse a provider file's text; raises ConfigError naming the file and what is wrong."""
     try:
-        doc = yaml.safe_load(text)
+        doc = yamldoc.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source

@@ -17,6 +17,7 @@ import yaml
 from kernel.domain import Decision, JudgeAnswer, PolicyInput, resolve_judge
 from kernel.errors import ValidationError
 from kernel.policy.resolver import CompiledBundle
+from kernel.yamldoc import load_first
 
 # libyaml's loader when PyYAML has it (its wheels do): the same safe constructors, about 7× less
 # CPU on a 1 000-case file (0.49 → 0.07 s), which was most of a `regent policy test` run.
@@ -97,6 +98,8 @@ def parse_cases(text: str, *, source: str = "<cases>", default_agent: str = "") 
         doc = _load(text)
     except yaml.YAMLError as exc:
         raise ValidationError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise ValidationError(f"{source}: nested too deep") from None
     if doc is None:
         return []
     if not isinstance(doc, dict):
@@ -126,15 +129,9 @@ _CaseLoader.add_constructor("tag:yaml.org,2002:map", _CaseLoader.construct_mappi
 def _load(text: str) -> Any:
     loader = _CaseLoader(text)
     try:
-        return _first_document(loader)
+        return _strip_lines(load_first(loader, len(text)))
     finally:
         loader.dispose()
-
-
-def _first_document(loader: Any) -> Any:
-    if not loader.check_data():
-        return None
-    return _strip_lines(loader.get_data())
 
 
 def _strip_lines(value: Any, keep: bool = False) -> Any:

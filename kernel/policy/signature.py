@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from kernel import yamldoc
 from kernel.errors import ValidationError
 from kernel.policy.rego.bundle import MAX_BUNDLE_BYTES, MAX_BUNDLE_FILES
 
@@ -164,7 +165,7 @@ def _structured(name: str) -> bool:
 def _parse_structured(name: str, data: bytes) -> Any:
     text = data.decode("utf-8")
     if posixpath.basename(name) == "data.yaml":
-        return yaml.safe_load(text)
+        return yamldoc.safe_load(text)  # aliases bounded: this runs before the signature is checked
 
     def refuse(constant: str) -> Any:
         raise ValueError(f"{constant} is not JSON")
@@ -177,12 +178,11 @@ def hashed_bytes(name: str, data: bytes) -> bytes:
     encoding."""
     if not _structured(name):
         return data
-    try:
-        value = _parse_structured(name, data)
-    except (ValueError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ValidationError(f"{name}: cannot be parsed for hashing ({exc})") from None
     parts: list[str] = []
-    _walk(value, parts)
+    try:
+        _walk(_parse_structured(name, data), parts)
+    except (ValueError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:  # Recursion: nested too deep
+        raise ValidationError(f"{name}: cannot be parsed for hashing ({exc})") from None
     return "".join(parts).encode("utf-8")
 
 

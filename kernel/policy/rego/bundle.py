@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from kernel import yamldoc
 from kernel.domain.decision import Verdict
 from kernel.errors import ValidationError
 
@@ -296,8 +297,8 @@ def _from_files(files: dict[str, bytes], *, origin: str, from_directory: bool) -
             modules[path] = text
         else:
             try:
-                value = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-            except (ValueError, yaml.YAMLError) as exc:
+                value = json.loads(text) if path.endswith(".json") else yamldoc.safe_load(text)
+            except (ValueError, yaml.YAMLError, RecursionError) as exc:  # RecursionError: JSON nested too deep
                 problems.append(f"{path}: cannot be parsed ({' '.join(str(exc).split())})")
                 continue
             if value is None:
