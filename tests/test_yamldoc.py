@@ -59,7 +59,7 @@ def test_a_case_file_of_laughs_is_a_validation_error() -> None:
     text = laughs(8, key="anchors") + "agent_id: shell\ncases:\n  - {name: x, target: t, args: {a: *l7}, expect: allow}\n"
     with pytest.raises(ValidationError, match="expands past"):
         parse_cases(text, source="bomb.policytest.yaml")
-    with pytest.raises(ValidationError, match="nesting depth|nested too deep"):
+    with pytest.raises(ValidationError, match=r"nesting depth|nested too deep"):
         parse_cases("cases:\n  - {name: x, target: t, args: " + "[" * 5000 + "]" * 5000 + ", expect: allow}\n")
 
 
