@@ -1,42 +1,74 @@
-"""A deadline on reading each request, for the uvicorn servers Regent runs (`regent serve`, `regent
-gateway`).
+"""How Regent's uvicorn servers (`regent serve`, `regent gateway`) read requests off the wire:
+uvicorn's httptools protocol, with three guards it does not have.
 
-uvicorn bounds the idle time between keep-alive requests only, and any byte received cancels that:
-a connection that sends nothing, or sends a request's headers or body a byte at a time, is held
-open for as long as its client likes. A few thousand of them use up the process's file descriptors
-and every other client is refused. Here each request must arrive whole (request line, headers and
-body) within `seconds` of the connection opening or of the previous response ending; otherwise
-the connection is closed. Requests whose reading is done are not affected, however long their
-response takes (an event stream stays open).
+- **A deadline on each request.** uvicorn bounds the idle time between keep-alive requests only,
+  and any byte received cancels that: a connection that sends nothing, or a request's headers or
+  body a byte at a time, is held open for as long as its client likes, and a few thousand of them
+  use up the process's file descriptors. Here each request must arrive whole (request line,
+  headers and body) within `read_timeout` of the connection opening or of the previous response
+  ending; otherwise the connection is closed. A request that has arrived may take as long as its
+  answer needs (an event stream stays open).
+- **A bound on a request's headers.** httptools buffers a header until it ends, however long: one
+  request with a 64 MB header line was accepted, and grew the process by 64 MB. Past
+  `max_header_bytes` (request line and headers) the answer is 431 and the connection is closed.
+- **The error envelope.** A request the parser refuses is answered 400 with the API's
+  `{code, message}` body instead of uvicorn's plain text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
 log = logging.getLogger("kernel.api")
 
+MAX_HEADER_BYTES = 64 * 1024
+_END_OF_HEADERS = b"\r\n\r\n"
 
-def read_deadline_protocol(seconds: float) -> Any:
-    """The `http=` protocol class for uvicorn.Config: uvicorn's httptools protocol with the
-    deadline; "auto" (no deadline) when `seconds` is 0 or httptools is not installed."""
-    if seconds <= 0:
-        return "auto"
+
+def _envelope(status: int, reason: bytes, code: str, message: str) -> bytes:
+    body = json.dumps({"code": code, "message": message}).encode()
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+            % (status, reason, len(body)) + body)
+
+
+def guarded_protocol(read_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES) -> Any:
+    """The `http=` protocol class for uvicorn.Config ("auto", unguarded, when httptools is not
+    installed). `read_timeout` 0 turns the deadline off; the header bound always applies."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # pragma: no cover - uvicorn[standard] brings httptools
-        log.warning("httptools is not installed: requests are read without a deadline")
+        log.warning("httptools is not installed: requests are read without a deadline or a header bound")
         return "auto"
 
-    class ReadDeadlineProtocol(HttpToolsProtocol):  # type: ignore[misc]
+    too_large = _envelope(431, b"Request Header Fields Too Large", "validation_error",
+                          f"validation error: the request line and headers are over {max_header_bytes} bytes")
+
+    class GuardedProtocol(HttpToolsProtocol):  # type: ignore[misc]
         deadline: asyncio.TimerHandle | None = None
-        closed_slow = 0  # connections closed by the deadline, in this process (tests, /metrics)
+        header_bytes = -1  # bytes of the current request's line and headers so far; -1: not reading them
+        tail = b""  # the last bytes seen, so an end of headers split across two reads is found
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm()
+            self._next_request()
+
+        def data_received(self, data: bytes) -> None:
+            if self.header_bytes >= 0:
+                seen = self.tail + data
+                end = seen.find(_END_OF_HEADERS)
+                self.header_bytes += len(data) if end < 0 else end + len(_END_OF_HEADERS) - len(self.tail)
+                if self.header_bytes > max_header_bytes:
+                    self.transport.write(too_large)
+                    self.transport.close()
+                    return
+                if end >= 0:
+                    self.header_bytes = -1  # the rest is this request's body (or the next request)
+                else:
+                    self.tail = seen[-3:]
+            super().data_received(data)
 
         def on_message_complete(self) -> None:
             self._disarm()  # the request is read: its handler may take as long as it takes
@@ -46,15 +78,21 @@ def read_deadline_protocol(seconds: float) -> Any:
             pipelined = bool(self.pipeline)  # a pipelined request is already read whole
             super().on_response_complete()
             if not pipelined and not self.transport.is_closing():
-                self._arm()  # the next request on this keep-alive connection
+                self._next_request()  # on this keep-alive connection
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
 
-        def _arm(self) -> None:
+        def send_400_response(self, msg: str) -> None:
+            self.transport.write(_envelope(400, b"Bad Request", "validation_error", f"validation error: {msg}"))
+            self.transport.close()
+
+        def _next_request(self) -> None:
+            self.header_bytes, self.tail = 0, b""
             self._disarm()
-            self.deadline = self.loop.call_later(seconds, self._expired)
+            if read_timeout > 0:
+                self.deadline = self.loop.call_later(read_timeout, self._expired)
 
         def _disarm(self) -> None:
             if self.deadline is not None:
@@ -64,7 +102,6 @@ def read_deadline_protocol(seconds: float) -> Any:
         def _expired(self) -> None:
             self.deadline = None
             if not self.transport.is_closing():
-                type(self).closed_slow += 1
                 self.transport.close()
 
-    return ReadDeadlineProtocol
+    return GuardedProtocol

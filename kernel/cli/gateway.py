@@ -14,10 +14,10 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     kernel_url = args.kernel or os.environ.get("REGENT_KERNEL_URL", "http://127.0.0.1:8080")
     app = create_gateway_app(args.upstream, kernel_url, max_body_bytes=args.max_body_bytes,
                              upstream_timeout_seconds=args.upstream_timeout_seconds)
-    from kernel.api.transport import read_deadline_protocol
+    from kernel.api.transport import guarded_protocol
 
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                http=read_deadline_protocol(args.request_read_timeout))
+                http=guarded_protocol(args.request_read_timeout))
     return 0
 
 

@@ -64,11 +64,11 @@ def _serve(settings: Settings) -> int:
         console.print("  auth    anonymous client/admin calls allowed (dev); supplied tokens are checked")
     console.print(f"  console [cyan]{url}/console[/] "
                   + ("(anonymous admin)" if settings.dev else "(sign in with an API key or the bootstrap token)"))
-    from kernel.api.transport import read_deadline_protocol
+    from kernel.api.transport import guarded_protocol
 
     server = uvicorn.Server(uvicorn.Config(
         rt.app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
-        lifespan="on", timeout_graceful_shutdown=10, http=read_deadline_protocol(settings.request_read_timeout),
+        lifespan="on", timeout_graceful_shutdown=10, http=guarded_protocol(settings.request_read_timeout),
     ))
     if settings.sqlite_inline_idle_calls and rt.store.dialect == "sqlite":
         install_inline(server)

@@ -1,10 +1,13 @@
-"""Each request must arrive whole within REGENT_REQUEST_READ_TIMEOUT (kernel/api/transport.py),
-against a real `regent serve` over raw loopback sockets: a connection that sends nothing, or
-trickles a request's headers or body, is closed; requests that arrived, however long their
-answer stays open, and keep-alive clients that are merely fast enough, are not touched."""
+"""How `regent serve` reads requests off the wire (kernel/api/transport.py), against a real server
+over raw loopback sockets: each request must arrive whole within REGENT_REQUEST_READ_TIMEOUT (a
+connection that sends nothing, or trickles a request's headers or body, is closed; requests that
+arrived, however long their answer stays open, and keep-alive clients that are merely fast
+enough, are not touched); headers past 64 KiB are a 431; a request the parser refuses is a 400
+in the API's envelope."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -88,3 +91,47 @@ def test_an_idle_keep_alive_connection_and_an_open_event_stream_are_left_alone(s
             # six of them span 3 s, three times the deadline (the stream would have ended at one).
             frames = [next(line for line in lines if line) for _ in range(6)]
             assert frames == [": keep-alive"] * 6
+
+
+def _answer(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(10)
+        try:
+            sock.sendall(request)
+        except OSError:
+            pass  # the server may answer and close before it has read everything sent
+        out = b""
+        while True:
+            try:
+                part = sock.recv(65536)
+            except OSError:
+                break
+            if not part:
+                break
+            out += part
+    return out
+
+
+def _status_and_body(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+def test_headers_past_64_kib_are_a_431_and_the_process_does_not_hold_them(served: Kernel) -> None:
+    # Before: one request with a 64 MB header was accepted and the process grew by 64 MB.
+    status, body = _status_and_body(_answer(served.port, b"GET /v0/health HTTP/1.1\r\nHost: x\r\nX-Big: "
+                                            + b"a" * (8 << 20) + b"\r\n\r\n"))
+    assert status == 431 and body["code"] == "validation_error" and "65536" in body["message"]
+    # Headers just under the bound, and a body far past it, are still an ordinary request.
+    ok = _answer(served.port, b"GET /v0/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: "
+                 + b"a" * 60_000 + b"\r\n\r\n")
+    assert ok.startswith(b"HTTP/1.1 200")
+    body_past = json.dumps({"agent_id": "nobody", "input": "x" * 200_000}).encode()
+    created = _answer(served.port, b"POST /v0/executions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body_past) + body_past)
+    assert _status_and_body(created)[0] in (401, 404)  # read whole and answered by the API, not by the guard
+
+
+def test_a_request_the_parser_refuses_is_a_400_in_the_envelope(served: Kernel) -> None:
+    status, body = _status_and_body(_answer(served.port, b"GET /v0/health HTTP/1.1\r\nHost x\r\n\r\n"))
+    assert status == 400 and body["code"] == "validation_error"
