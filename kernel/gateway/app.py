@@ -225,7 +225,9 @@ async def _fail_quietly(kernel: KernelClient, lease: Lease, step_id: str, error:
 async def _tee(kernel: KernelClient, lease: Lease, step_id: str, resp: httpx.Response,
                content_type: str) -> AsyncIterator[bytes]:
     """Pass the upstream stream through as it arrives, publish deltas, record the whole at the end."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
+    # The caller gets the bytes as sent; the record (text) has U+FFFD for any that are not UTF-8,
+    # as `resp.text` does for a non-streamed answer, rather than cutting the stream off.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     chunks: list[str] = []
     pending = ""
     publisher = _DeltaPublisher(kernel, lease, step_id)

@@ -42,6 +42,11 @@ def fake_upstream(calls: list[dict[str, Any]]) -> FastAPI:
                       "leaked": [h for h in request.headers if h.startswith("x-rebuno")]})
         if body.get("model") == "broken":
             return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
+        if body.get("stream") and body.get("model") == "latin-1":  # a provider that is not UTF-8
+            async def latin() -> Any:
+                yield b'data: {"text": "caf\xe9"}\n\n'
+                yield b"data: [DONE]\n\n"
+            return StreamingResponse(latin(), media_type="text/event-stream")
         if body.get("stream"):
             async def chunks() -> Any:
                 for frame in STREAM.split("\n\n")[:-1]:
@@ -273,3 +278,14 @@ def test_a_gateway_record_is_rebuilt_with_its_status_and_type() -> None:
 
     r = _from_record({"status": 201, "headers": {"content-type": "text/plain"}, "body": "hi"})
     assert (r.status_code, r.media_type, bytes(r.body)) == (201, "text/plain", b"hi")
+
+
+def test_a_stream_that_is_not_utf8_passes_through_whole_and_is_recorded(stack: Stack) -> None:
+    # Before: the strict UTF-8 decoder of the tee raised at the first bad byte, cutting the
+    # caller's stream and failing the step. The bytes pass through as sent; the record has U+FFFD.
+    eid, h = stack.lease_headers()
+    r = stack.chat(h, {"model": "latin-1", "stream": True, "messages": []})
+    assert r.status_code == 200 and r.content == b'data: {"text": "caf\xe9"}\n\ndata: [DONE]\n\n'
+    steps = httpx.get(f"{stack.kernel.url}/v0/executions/{eid}/steps").json()
+    items = steps["steps"] if isinstance(steps, dict) else steps
+    assert items[0]["status"] == "succeeded" and "caf\ufffd" in items[0]["result"]["body"]
