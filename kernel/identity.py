@@ -305,13 +305,15 @@ def parse_uuid(text: str) -> str:
 
 
 INT64_MAX = 2**63 - 1
+_INT64_DIGITS = len(str(INT64_MAX))
 
 
 def whole_number(text: str | None, most: int = INT64_MAX) -> int | None:
-    """`text` as a whole number from 0 to `most` when it is plain ASCII decimal digits (no sign,
-    space or underscore), else None. `str.isdigit` alone is not enough before `int`: it also
-    passes superscripts such as "²", which `int` refuses, and digits of any length."""
-    if not text or len(text) > len(str(most)) or not (text.isascii() and text.isdigit()):
+    """`text` as a whole number from 0 to `most` (at most INT64_MAX) when it is plain ASCII decimal
+    digits (no sign, space or underscore), else None. `str.isdigit` alone is not enough before
+    `int`: it also passes superscripts such as "²", which `int` refuses, and digits of any length.
+    Read on every agent call (the lease's attempt, the body's length)."""
+    if not text or len(text) > _INT64_DIGITS or not (text.isascii() and text.isdigit()):
         return None
     n = int(text)
     return n if n <= most else None

@@ -18,20 +18,27 @@ uvicorn's httptools protocol, with three guards it does not have.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+from http import HTTPStatus
 from typing import Any
+
+from kernel.api.errors import CODE_TO_STATUS, error_response
 
 log = logging.getLogger("kernel.api")
 
 MAX_HEADER_BYTES = 64 * 1024
 _END_OF_HEADERS = b"\r\n\r\n"
+# Headers past the bound: the one status outside the error table, since no route answers it (the
+# request never reaches the app); its body is the table's validation_error envelope.
+_HEADERS_TOO_LARGE = HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
 
 
-def _envelope(status: int, reason: bytes, code: str, message: str) -> bytes:
-    body = json.dumps({"code": code, "message": message}).encode()
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-            % (status, reason, len(body)) + body)
+def _raw_response(message: str, status: int = CODE_TO_STATUS["validation_error"]) -> bytes:
+    """A whole HTTP/1.1 answer in the API's envelope, written before the request reached the app."""
+    body = bytes(error_response("validation_error", f"validation error: {message}").body)  # as the API renders it
+    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    return head.encode() + body
 
 
 def guarded_protocol(read_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES) -> Any:
@@ -43,8 +50,7 @@ def guarded_protocol(read_timeout: float, max_header_bytes: int = MAX_HEADER_BYT
         log.warning("httptools is not installed: requests are read without a deadline or a header bound")
         return "auto"
 
-    too_large = _envelope(431, b"Request Header Fields Too Large", "validation_error",
-                          f"validation error: the request line and headers are over {max_header_bytes} bytes")
+    too_large = _raw_response(f"the request line and headers are over {max_header_bytes} bytes", _HEADERS_TOO_LARGE)
 
     class GuardedProtocol(HttpToolsProtocol):  # type: ignore[misc]
         deadline: asyncio.TimerHandle | None = None
@@ -85,7 +91,7 @@ def guarded_protocol(read_timeout: float, max_header_bytes: int = MAX_HEADER_BYT
             super().connection_lost(exc)
 
         def send_400_response(self, msg: str) -> None:
-            self.transport.write(_envelope(400, b"Bad Request", "validation_error", f"validation error: {msg}"))
+            self.transport.write(_raw_response(msg))
             self.transport.close()
 
         def _next_request(self) -> None:

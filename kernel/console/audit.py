@@ -9,7 +9,7 @@ import io
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -17,7 +17,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from kernel.api.threads import call
-from kernel.clock import parse_time
 from kernel.console.web import (
     SECURITY_HEADERS,
     ConsoleRoute,
@@ -26,6 +25,7 @@ from kernel.console.web import (
     page,
     require,
     templates,
+    time_field,
     viewer,
 )
 from kernel.core import agents, decisions, policies, timeline
@@ -44,11 +44,6 @@ WIRE_ANSWERS = {"awaiting_approval": "API: blocked", "rate_limited": "API: rate_
 FIELDS = ("agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id", "from", "to")  # the search form's
 CSV_COLUMNS = ("decided_at", "agent_id", "execution_id", "step_id", "kind", "target", "decision", "rule_id",
                "reason", "policy_kind", "policy_revision", "policy_hash", "decided_by", "credential", "event_seq")
-
-
-def _time(value: str | None, name: str) -> datetime | None:
-    """A datetime-local field (no zone: UTC) or an RFC 3339 timestamp."""
-    return parse_time(value, name, naive_is_utc=True) if value else None
 
 
 async def query_of(request: Request, limit: int = PAGE_SIZE,
@@ -74,7 +69,7 @@ def _query(request: Request, limit: int, cursor: bool) -> tuple[decisions.Decisi
     return decisions.DecisionQuery(
         agent_id=fields["agent_id"] or None, decision=decision, rule_id=rule, target=fields["target"] or None,
         policy_hash=fields["policy_hash"] or None, execution_id=fields["execution_id"] or None,
-        since=_time(fields["from"], "from"), until=_time(fields["to"], "to"),
+        since=time_field(fields["from"], "from"), until=time_field(fields["to"], "to"),
         cursor=(q.get("cursor") or None) if cursor else None, limit=limit,
     ), fields
 

@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from kernel.api.threads import call
-from kernel.clock import parse_time
 from kernel.console.web import (
     ConsoleRoute,
     form,
@@ -18,6 +15,7 @@ from kernel.console.web import (
     page,
     redirect,
     require,
+    time_field,
     viewer,
 )
 from kernel.core import agents, executions, timeline
@@ -37,11 +35,6 @@ def _uuid(value: str, what: str) -> str:
         raise ValidationError(f"validation error: {what} {value!r} is not a UUID") from None
 
 
-def _time(value: str | None, name: str) -> datetime | None:
-    """A datetime-local field (no zone: UTC) or an RFC 3339 timestamp."""
-    return parse_time(value, name, naive_is_utc=True) if value else None
-
-
 @router.get("/console/executions")
 async def list_page(request: Request) -> Response:
     v = await viewer(request)
@@ -54,7 +47,7 @@ async def list_page(request: Request) -> Response:
     agent_id = q.get("agent_id") or None
     k = kernel_of(request)
     result = await call(timeline.execution_page, k, agent_id=agent_id, status=status,
-                        created_from=_time(q.get("from"), "from"), created_to=_time(q.get("to"), "to"),
+                        created_from=time_field(q.get("from"), "from"), created_to=time_field(q.get("to"), "to"),
                         cursor=cursor, limit=PAGE_SIZE)
     known = await call(agents.list_agents, k)
     filters = {key: q.get(key, "") for key in ("agent_id", "status", "from", "to")}

@@ -18,6 +18,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from kernel.api.errors import CODE_TO_STATUS
 from kernel.api.threads import call
+from kernel.clock import parse_time
 from kernel.console.session import ANONYMOUS, BOOTSTRAP, COOKIE, Session, Sessions, Viewer
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
@@ -139,6 +140,11 @@ def same_origin(request: Request) -> None:
         host = request.headers.get("host", "")
         if origin.split("://", 1)[-1].rstrip("/") != host:
             raise Forbidden("forbidden: this form was posted from another site")
+
+
+def time_field(value: str | None, name: str) -> datetime | None:
+    """A search form's date-time field (`datetime-local`, no zone: UTC) or an RFC 3339 time."""
+    return parse_time(value, name, naive_is_utc=True) if value else None
 
 
 async def form(request: Request, v: Viewer) -> dict[str, Any]:
