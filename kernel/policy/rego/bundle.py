@@ -102,7 +102,7 @@ class RegoBundle:
 
     @cached_property
     def scans(self) -> dict[str, ModuleScan]:
-        return {path: scan_module(source) for path, source in self.modules.items()}
+        return {path: scan_module(source) for path, source in self.runnable_modules.items()}
 
     def variant(self, *, strict: bool | None = None) -> RegoBundle:
         """The same bundle evaluated with rego-cpp's strict builtin errors (its own worker key)."""
