@@ -93,7 +93,7 @@ def plan_explanations(source: str, package: str, failing: list[str]) -> ExplainP
         rules = read_rules(source).rules
     except ValueError:
         return ExplainPlan(source, [], {})
-    first = {}
+    first: dict[str, Any] = {}
     for r in rules:
         first.setdefault(r.name, r)
     extra: list[str] = []
