@@ -1,4 +1,4 @@
-"""`regent policy test | check | eval`: renders what the policy library returns; picks exit codes
+"""`regent policy test | check | eval` (`fmt`: policy_fmt.py): renders what the policy library returns; picks exit codes
 (0 all passed, 2 some failed, 1 a bundle or case file could not be loaded or a usage error).
 
 Engine log lines (rego-cpp's start-up notes, the engine's own warnings about a bundle) stay out of
@@ -194,6 +194,10 @@ def cmd_check(args: argparse.Namespace) -> int:
                 if b.kind == "yaml":
                     row["warnings"] = [{"code": x.code, "file": str(p), "line": x.line, "rule_id": x.rule_id,
                                         "message": x.message} for x in b.compiled.lints()]
+                else:
+                    from kernel.policy.rego.gate import rewrite_notes
+
+                    row["notes"] = rewrite_notes(b.compiled.bundle)
             except ValidationError as exc:
                 row["ok"] = False
                 row["problems"] = [line for line in exc.message.splitlines() if line.strip()]
@@ -211,6 +215,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             out.print(f"[green]ok[/]  {escape(r['path'])}", highlight=False)
         else:
             err.print("\n".join(r["problems"]), style="red", markup=False, highlight=False)
+        for note in r.get("notes", []):
+            out.print(f"  {note} (rewritten at load)", style="cyan", markup=False, highlight=False)
         for w in r["warnings"]:
             out.print(f"  {w['file']}:{w['line']}: warning: rule \"{w['rule_id']}\": {w['message']}",
                       style="yellow", markup=False, highlight=False)
@@ -256,6 +262,9 @@ def add_commands(sub: Any) -> None:
     add_verify_arguments(c)
     c.set_defaults(fn=cmd_check)
     add_sign_command(ps)
+    from kernel.cli.policy_fmt import add_fmt_command
+
+    add_fmt_command(ps)
     e = ps.add_parser("eval", help="evaluate one input and print the decision")
     e.add_argument("bundle")
     e.add_argument("--input", help="a whole input document (JSON file, - for stdin); the flags below override it")

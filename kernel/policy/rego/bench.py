@@ -93,7 +93,7 @@ def _cpu(pids: list[int]) -> float:
 def _raw(n: int) -> dict[str, Any]:
     bundle = parse_rego_bundle(BENCH_BUNDLE)
     request = {
-        "modules": dict(bundle.modules),
+        "modules": bundle.runnable_modules,
         "data": bundle.data,
         "entrypoint": bundle.entrypoint,
         "input": input_document(BENCH_INPUT),

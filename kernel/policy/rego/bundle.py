@@ -28,6 +28,7 @@ from kernel import yamldoc
 from kernel.domain.decision import Verdict
 from kernel.errors import ValidationError
 
+from .idioms import IdiomRewrite, rewrite_idioms
 from .instrument import Instrumented, instrument
 from .scan import ModuleScan, scan_module
 
@@ -89,8 +90,19 @@ class RegoBundle:
         return os.path.join(self.origin, file) if self.from_directory else file
 
     @cached_property
+    def idioms(self) -> dict[str, IdiomRewrite]:
+        """Each module as rego-cpp is given it (idioms.py: OPA idioms rewritten, same lines)."""
+        return {path: rewrite_idioms(source) for path, source in self.modules.items()}
+
+    @cached_property
+    def runnable_modules(self) -> dict[str, str]:
+        """What rego-cpp compiles: the author's modules (`modules`, what is stored, signed and
+        shown) with the load-time rewrites of idioms.py applied."""
+        return {path: rewrite.source for path, rewrite in self.idioms.items()}
+
+    @cached_property
     def scans(self) -> dict[str, ModuleScan]:
-        return {path: scan_module(source) for path, source in self.modules.items()}
+        return {path: scan_module(source) for path, source in self.runnable_modules.items()}
 
     def variant(self, *, strict: bool | None = None) -> RegoBundle:
         """The same bundle evaluated with rego-cpp's strict builtin errors (its own worker key)."""
@@ -102,7 +114,7 @@ class RegoBundle:
     @cached_property
     def instrumented(self) -> tuple[RegoBundle, Instrumented]:
         """The probed twin (see instrument.py) and how to read its probes; same revision."""
-        probes = instrument(dict(self.modules), self.entrypoint)
+        probes = instrument(dict(self.runnable_modules), self.entrypoint)
         twin = replace(
             self,
             modules=probes.modules,
@@ -118,7 +130,7 @@ class RegoBundle:
         return json.dumps(
             {
                 "key": self.digest,
-                "modules": dict(self.modules),
+                "modules": self.runnable_modules,
                 "data": self.data,
                 "entrypoint": self.entrypoint,
                 "names": names,

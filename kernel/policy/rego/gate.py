@@ -14,9 +14,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .bundle import RegoBundle, bundle_error, load_rego_bundle, parse_rego_bundle
+from .dialect import v1_problems
 from .engine import CompileReport, RegoEngine
 
-__all__ = ["UNSUPPORTED_BUILTINS", "compile_rego_bundle", "static_problems"]
+__all__ = ["UNSUPPORTED_BUILTINS", "compile_rego_bundle", "dialect_problems", "rewrite_notes", "static_problems"]
 
 # Builtins rego-cpp does not implement (regopy-notes.md); it compiles calls to them and then
 # quietly answers "undefined", so a policy would silently lose whatever the call decided.
@@ -34,7 +35,8 @@ UNSUPPORTED_BUILTINS = frozenset(
     }
 )
 UNSUPPORTED_PREFIXES = ("net.", "graphql.")
-_SPECIAL_CALLS = frozenset({"print"})  # compiled by rego-cpp, not listed as a builtin
+# Compiled and evaluated by rego-cpp, although `is_builtin` does not list them.
+_SPECIAL_CALLS = frozenset({"print", "set"})
 
 
 def compile_rego_bundle(
@@ -130,13 +132,33 @@ def static_problems(
     unavailable: Iterable[str] = (),
 ) -> list[str]:
     """Every problem with `bundle`; `report` is a worker's compile result, when there is one."""
-    problems = _root_problems(bundle)
+    problems = _root_problems(bundle) + dialect_problems(bundle)
     if report is not None:
         problems += _compile_problems(bundle, report)
     problems += _call_problems(bundle, report.builtins if report else {}, set(unavailable))
     problems += _format_problems(bundle)
     problems += _entrypoint_problems(bundle)
     return problems
+
+
+def dialect_problems(bundle: RegoBundle) -> list[str]:
+    """OPA v0 heads, names OPA v1 reserves (dialect.py) and idioms no rewrite can carry over
+    (idioms.py), each with where it is and how OPA v1 writes it."""
+    out = []
+    for path, source in bundle.modules.items():
+        shown = bundle.display_path(path)
+        found = v1_problems(source) + list(bundle.idioms[path].problems)
+        out += [f"{shown}:{line}:{col}: {message}" for line, col, message in sorted(found)]
+    return out
+
+
+def rewrite_notes(bundle: RegoBundle) -> list[str]:
+    """What idioms.py rewrote at load (`regent policy check` prints these as notes)."""
+    return [
+        f"{bundle.display_path(path)}:{line}:{col}: {message}"
+        for path, rewrite in bundle.idioms.items()
+        for line, col, message in rewrite.notes
+    ]
 
 
 def _under(path: str, root: str) -> bool:

@@ -85,13 +85,14 @@ class _Reader:
         """Index just past the statement starting at ``start`` (depth-0 newline heuristic)."""
         depth = 0
         j = start
+        declaration = self.toks[start].text in ("package", "import")  # ends at its line
         while j < len(self.toks):
             t = self.toks[j]
             if (
                 j > start
                 and depth == 0
                 and t.first_on_line
-                and self.toks[j - 1].text not in _CONTINUES
+                and (declaration or self.toks[j - 1].text not in _CONTINUES)
                 and t.text != "else"
             ):
                 return j

@@ -183,7 +183,8 @@ def scan_module(source: str) -> ModuleScan:
                 j += 2
             if parts[0] in ("data", "input"):
                 imports[alias] = ".".join(parts)
-            prev, i = toks[j - 1], j
+            # An import ends at its line, even one ending in a keyword (`import future.keywords.in`).
+            prev, i = _Tok("end", "", tok.line, 0, False), j
             continue
         if starts and tok.text == "default" and i + 1 < n and toks[i + 1].kind == "ident":
             prev, i, tok = tok, i + 1, toks[i + 1]

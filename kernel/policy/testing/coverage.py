@@ -62,7 +62,7 @@ class RegoLineCoverage:
         # A test that crashed the engine or ran out of time would only do it again.
         ran = [r.name[len(package) + 1 :] for r in results
                if r.file == key and r.status != "skip" and not r.message.startswith(_NOT_AGAIN)]
-        cover = instrument_tests(dict(self.bundle.modules), self.bundle.entrypoint, key, source, ran)
+        cover = instrument_tests(dict(self.bundle.runnable_modules), self.bundle.entrypoint, key, source, ran)
         if key in cover.probes.skipped:
             self.errors.append(f"{key}: {cover.probes.skipped[key]}")
         if not ran:  # its lines are still reported, none covered

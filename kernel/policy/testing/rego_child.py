@@ -1,7 +1,8 @@
 """Child process of the Rego unit-test runner: loads the bundle modules + one *_test.rego file and
 queries each test, one JSON line per event on stdout, so a segfault leaves the parent knowing which
-test was running. With a "coverage" request it instead loads the file's coverage twin
-(kernel/policy/rego/testcover.py) and answers its queries, one line each.
+test was running. With a "coverage" request it instead loads the modules it is given (the file's
+coverage twin, kernel/policy/rego/testcover.py, or the file with the explain queries of
+kernel/policy/testing/explain.py) and answers their queries, one line each.
 
 Run by path (``python -s -S -P rego_child.py``, regopy's directory alone on PYTHONPATH), as the Rego
 workers are: regopy is imported first (hazard 3) and nothing of the kernel is.
@@ -50,8 +51,8 @@ def _run_coverage(req: dict[str, Any]) -> None:
         try:
             output = interp.query(query)
             text = str(output)  # keep the Output referenced while its text is read (hazard 2)
-            value = json.loads(text).get("bindings", {}).get("x")
-            _emit({"cov": name, "value": value})
+            bindings = json.loads(text).get("bindings", {})
+            _emit({"cov": name, "value": bindings.get("x"), "defined": "x" in bindings})
         except Exception as exc:  # this query only: the coverage of one test
             _emit({"cov": name, "error": str(exc)[:300]})
 

@@ -12,9 +12,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kernel.policy.rego.dialect import v1_problems
+from kernel.policy.rego.idioms import rewrite_idioms
 from kernel.policy.rego.instrument import LineCoverage
 from kernel.policy.rego.pool import regopy_path
 from kernel.policy.rego.testcover import TestProbes
+
+from .explain import plan_explanations
 
 _PACKAGE = re.compile(r"^\s*package\s+([\w.]+)", re.M)
 _TEST = re.compile(r"^(todo_)?(test_\w+)\b", re.M)
@@ -74,6 +78,12 @@ def run_rego_test_file(test_file: Path, modules: dict[str, str], data: dict[str,
     if not wanted:
         return results
     by_name = {f"{package}.{name}": lines.get(name, 0) for name, _ in tests}
+    refused = [f"{test_file}:{line}:{col}: {message}" for line, col, message in v1_problems(source)]
+    refused += [f"{test_file}:{line}:{col}: {message}" for line, col, message in rewrite_idioms(source).problems]
+    if refused:  # as the load gate refuses a bundle module that OPA v1 and rego-cpp read differently
+        return results + [RegoTestResult(str(test_file), t, "error", refused[0], line=by_name.get(t, 0))
+                          for t in wanted]
+    source = rewrite_idioms(source).source
     req = {"modules": {**modules, test_file.name: source}, "data": data, "tests": wanted, "strict": strict}
     stdout, rc, timed_out, _ = _child(req, timeout_seconds)
     done: dict[str, RegoTestResult] = {}
@@ -85,8 +95,35 @@ def run_rego_test_file(test_file: Path, modules: dict[str, str], data: dict[str,
     if running or rc != 0:
         for t in wanted:
             done.setdefault(t, RegoTestResult(str(test_file), t, "error", "not run: the test process died before it"))
+    failing = [t for t in wanted if t in done and done[t].status == "fail"]
+    if failing:
+        _explain(done, failing, req, source, package, str(test_file), timeout_seconds)
     results += [replace(done[t], line=by_name.get(t, 0)) for t in wanted if t in done]
     return results
+
+
+def _explain(done: dict[str, RegoTestResult], failing: list[str], req: dict[str, Any], source: str,
+             package: str, file: str, timeout_seconds: float) -> None:
+    """Name each failing test's first false or undefined expression (explain.py), in a child of
+    its own: a query that crashes it costs the explanations, never the results."""
+    plan = plan_explanations(source, package, failing)
+    if not plan.queries:
+        return
+    modules = {**req["modules"], file.rsplit("/", 1)[-1]: plan.source}
+    cov = {"modules": modules, "queries": plan.queries}
+    stdout, _, _, _ = _child({"data": req["data"], "strict": req["strict"], "coverage": cov}, timeout_seconds)
+    answers: dict[str, Any] = {}
+    for line in stdout.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if ev.get("defined") and "cov" in ev:
+            answers[ev["cov"]] = ev.get("value")
+    for t in failing:
+        why = plan.message(t, file, answers)
+        if why:
+            done[t] = replace(done[t], message=why)
 
 
 def _read_results(stdout: str, file: str, done: dict[str, RegoTestResult]) -> str:

@@ -88,7 +88,7 @@ def load_bundle(path: Path, rego_engine: Any, *, strict: bool = False) -> Loaded
             bundle = compile_rego_bundle(load_rego_bundle(path), engine=rego_engine.get(), strict=strict)
         except ValidationError as exc:
             raise ValidationError(f"{path}: {exc.message}") from None
-        modules = dict(bundle.modules)
+        modules = dict(bundle.runnable_modules)  # as rego-cpp runs them: idioms.py's rewrites applied
         return LoadedBundle(path, "rego", RegoCompiled(bundle, rego_engine.get()), rego_rule_ids(modules),
                             modules=modules, data=bundle.data)
     from kernel.policy.yaml import compile_yaml_bundle
