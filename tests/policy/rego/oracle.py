@@ -14,7 +14,7 @@ from typing import Any
 
 os.environ.setdefault("RUST_BACKTRACE", "0")  # regorus appends a backtrace to errors otherwise
 
-import regorus  # noqa: E402
+import regorus
 
 
 def regorus_eval(modules: list[str], data: Any, input_doc: Any, query: str) -> tuple[str, Any]:
@@ -28,7 +28,7 @@ def regorus_eval(modules: list[str], data: Any, input_doc: Any, query: str) -> t
         engine.add_data_json(json.dumps(data or {}))
         engine.set_input_json(json.dumps(input_doc))
         out = json.loads(engine.eval_query_as_json(query))
-    except Exception as exc:  # noqa: BLE001 - regorus raises RuntimeError/ValueError with the reason
+    except Exception as exc:
         return "error", str(exc).strip()
     return "result", [r["bindings"] for r in out.get("result", [])]
 
