@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from .scan import _CONTINUES, _KEYWORDS, _TOKEN
 
-__all__ = ["Token", "V0Head", "find_v0_heads", "reserved_name_problems", "rewrite_v0_v1", "tokens", "v1_problems"]
+__all__ = ["Token", "V0Head", "find_v0_heads", "reserved_name_problems", "rewrite_v0_v1", "set_head_problems", "tokens",
+           "v1_problems"]
 
 # A `{` after one of these at depth 0 opens a body with no `if`: the v0 form.
 _VALUE_END_KINDS = frozenset({"num", "str", "raw"})
@@ -189,9 +190,33 @@ def reserved_name_problems(source: str) -> list[tuple[int, int, str]]:
     return out
 
 
+def set_head_problems(source: str) -> list[tuple[int, int, str]]:
+    """A bare `p["a"]` / `p[x]` (one name, one bracket, no value, no body): OPA reads it as a
+    partial-set member (v1 then refuses it: "`contains` keyword is required for partial set
+    rules"; v0 builds the set {"a"}); rego-cpp 1.5.2 builds the object {"a": true}. With `if`
+    (`p[x] if { … }`) OPA too builds the object (ast/parser.go: "p[x] if ... becomes a
+    single-value rule"), so that form is left alone; with a `{` body and no `if` it is a v0 head."""
+    toks = tokens(source)
+    out: list[tuple[int, int, str]] = []
+    for a, b in statements(toks):
+        first = toks[a]
+        if first.kind != "ident" or first.text in _KEYWORDS or a + 1 >= b or toks[a + 1].text != "[":
+            continue
+        close = matching(toks, a + 1, b)
+        if close != b - 1:
+            continue  # `p[k] := v`, `p[x] if …`, `p[x] { … }` (a v0 head), `p[x].y …`
+        head = " ".join(source[first.start : toks[close].end].split())
+        member = " ".join(source[toks[a + 1].end : toks[close].start].split())
+        out.append((first.line, first.col, (
+            f"bare partial-set head `{head}` (OPA v1 refuses it without `contains`, OPA v0 builds a set, "
+            f"rego-cpp builds an object of `true`s); write `{first.text} contains {member}` for a set, or "
+            f"`{head} := true` for an object (`regent policy fmt --v0-v1 --write` rewrites the module)")))
+    return out
+
+
 def v1_problems(source: str) -> list[tuple[int, int, str]]:
     """(line, col, message) for each construct OPA v1 refuses and rego-cpp reads differently."""
-    out: list[tuple[int, int, str]] = []
+    out: list[tuple[int, int, str]] = set_head_problems(source)
     for h in find_v0_heads(source):
         if h.contains_at is not None:
             meaning = "rego-cpp reads it as a rule building an object of `true`s, OPA v0 as a set"

@@ -14,6 +14,7 @@ from typing import Any
 
 from kernel.domain.decision import Decision, PolicyInput
 from kernel.policy.rego.document import input_document
+from kernel.policy.rego.idioms import rewrite_idioms
 from kernel.policy.rego.instrument import LineCoverage
 from kernel.policy.rego.testcover import instrument_tests
 from kernel.policy.rego.trace import Traced, traced_evaluate, traced_evaluate_many
@@ -57,7 +58,8 @@ class RegoLineCoverage:
     def add_tests(self, test_file: Path, results: list[RegoTestResult], *, strict: bool = False) -> None:
         """Merge the lines that the tests of ``test_file`` which ran (passed, failed or errored;
         not skipped) evaluated."""
-        source, key = test_file.read_text(encoding="utf-8"), str(test_file)
+        # As the test runner runs it: idioms.py's load-time rewrites applied (lines kept).
+        source, key = rewrite_idioms(test_file.read_text(encoding="utf-8")).source, str(test_file)
         package = results[0].name.rsplit(".", 1)[0] if results else ""
         # A test that crashed the engine or ran out of time would only do it again.
         ran = [r.name[len(package) + 1 :] for r in results

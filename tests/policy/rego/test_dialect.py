@@ -12,7 +12,7 @@ import pytest
 from kernel.cli import main
 from kernel.errors import ValidationError
 from kernel.policy.rego import RegoEngine, compile_rego_bundle, parse_rego_bundle
-from kernel.policy.rego.dialect import rewrite_v0_v1, v1_problems
+from kernel.policy.rego.dialect import rewrite_v0_v1, set_head_problems, v1_problems
 from kernel.policy.testing.rego_tests import run_rego_test_file
 
 from .conftest import step
@@ -116,7 +116,7 @@ def test_rewritten_shell_helper_denies_rm_rf(engine: RegoEngine) -> None:
 def test_gate_names_every_v0_head_with_its_v1_form(source: str) -> None:
     problems = v1_problems(source)
     heads = [m for _, _, m in problems]
-    assert heads and all("OPA v0 rule head" in m and " if { … }`" in m for m in heads)
+    assert heads and all(("OPA v0 rule head" in m and " if { … }`" in m) or "partial-set head" in m for m in heads)
     assert not v1_problems(rewrite_v0_v1(source))
 
 
@@ -199,3 +199,23 @@ test_not_allowed if {
     assert big.message == f'{test_file}:6: `d.rule_id == "big"` is false (left "default", right "big")'
     assert results["pay_test.test_not_allowed"].message == (
         f'{test_file}:10: `not data.pay.decision.rule_id` is false (`data.pay.decision.rule_id` is "default")')
+
+
+@pytest.mark.parametrize(("head", "v1"), [
+    ('exempt["kube-system"]', 'write `exempt contains "kube-system"` for a set'),
+    ("blocked[input.cmd]", "write `blocked contains input.cmd` for a set"),
+])
+def test_gate_refuses_a_bare_set_member_which_rego_cpp_reads_as_an_object(
+        engine: RegoEngine, head: str, v1: str) -> None:
+    # OPA v1: "`contains` keyword is required for partial set rules"; rego-cpp: {"kube-system": true}.
+    with pytest.raises(ValidationError) as info:
+        gated(f"package t\n\n{head}\n", "t/deny", engine)
+    assert "policy.rego:3:1: bare partial-set head" in info.value.message
+    assert v1 in info.value.message
+
+
+def test_ref_heads_with_if_a_value_or_a_longer_path_are_not_bare_set_heads() -> None:
+    # OPA reads `p[x] if { … }` as the object {x: true} too (a single-value rule).
+    source = ('package t\n\np[k] := 1 if { some k in ["a"] }\nq.r["a"]\nf(x) if { x }\n'
+              'p2[x].y := 1 if { x := "a" }\np3[x] if { some x in ["a"] }\np4["a"] if { true }\n')
+    assert set_head_problems(source) == []
