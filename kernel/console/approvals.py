@@ -159,6 +159,13 @@ async def decide(approval_id: str, verb: str, request: Request) -> Response:
         return await _one(request, v, aid, status=400, fields=fields,
                           error="Say who is deciding: the bootstrap token has no name of its own.")
     if fields.get("confirm") != verb:
+        # A decision the kernel would refuse is said now, not after a confirmation.
+        item = await call(approval_item, kernel_of(request), aid, v.principal)
+        if item is None:
+            raise NotFound("approval not found")
+        if item.refusal:
+            code = 409 if item.approval.status.value != "pending" else 403
+            return await _one(request, v, aid, status=code, fields=fields, error=f"Not decided: {item.refusal}.")
         return await _one(request, v, aid, fields=fields, confirm=verb)
     try:
         await call(approvals.decide_approval, kernel_of(request), aid, grant=verb == "grant", principal=v.principal,

@@ -61,7 +61,9 @@ async def list_page(request: Request) -> Response:
                             cursor=cursor, newer_than=newer, id_starts=filters["q"] or None, limit=PAGE_SIZE)
     except ValidationError as exc:
         error, status_code = exc.message.removeprefix("validation error: "), 400
-        result = timeline.ExecutionPage([], None, {})
+        counts = await call(timeline.execution_page, k, agent_id=None, status=None, created_from=None,
+                            created_to=None, cursor=None, limit=1)
+        result = timeline.ExecutionPage([], None, counts.counts)
     known = await call(agents.list_agents, k)
     here = urlencode({key: value for key, value in filters.items() if value})
     return page(request, v, "executions.html", status=status_code, section="executions", page=result, filters=filters,

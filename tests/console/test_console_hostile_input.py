@@ -72,11 +72,14 @@ def test_an_export_still_streams_every_matching_row(server: ServerThread, runnin
         assert agent_client.submit(eid, "shell.run", {"i": i}).json()["decision"] == "proceed"
     jsonl = _get(server, f"/console/audit/export.jsonl?execution_id={eid}")
     assert jsonl.status_code == 200, jsonl.text[:300]
-    rows = [json.loads(line) for line in jsonl.text.splitlines()]
+    _, *rows, end = [json.loads(line) for line in jsonl.text.splitlines()]  # between its head and end lines
     api = httpx.get(f"{server.url}/v0/decisions", params={"execution_id": eid, "limit": 3}).json()["decisions"]
     assert len(rows) == n and [r["id"] for r in rows[:3]] == [r["id"] for r in api]
+    assert end == {"regent_export_end": {"rows": n, "complete": True}}
     table = _get(server, f"/console/audit/export.csv?execution_id={eid}")
-    assert table.status_code == 200 and len(list(csv.reader(io.StringIO(table.text)))) == n + 1  # with its header
+    lines = table.text.splitlines()
+    assert lines[0].startswith("# regent decisions export") and lines[-1] == f"# end of export: {n} rows, complete"
+    assert table.status_code == 200 and len(list(csv.reader(io.StringIO("\n".join(lines[1:-1]))))) == n + 1  # with its header
 
 
 @pytest.mark.parametrize("query", [f"after_seq={SUPERSCRIPT_TWO}", "after_seq=" + "9" * 40,

@@ -31,10 +31,19 @@ from kernel.core.agents import register_agent
 from kernel.core.dispatch import claim_due
 from kernel.core.executions import create_execution
 from kernel.core.kernel import Kernel
-from kernel.domain import Approval, ApprovalConfig, ApprovalStatus, Decision, Execution, ExecutionStatus, Verdict
+from kernel.domain import (
+    Approval,
+    ApprovalConfig,
+    ApprovalStatus,
+    Decision,
+    Execution,
+    ExecutionStatus,
+    Verdict,
+)
 from kernel.identity import new_uuid7
 from kernel.store import tables as t
 from tests.conftest import Running
+from tests.console.conftest import shot
 from tests.core.test_steps import FixedPolicy, req
 from tests.support import ServerThread
 
@@ -51,10 +60,13 @@ KEYS = {
 }
 
 
-def screen(pg: Any, name: str) -> None:
+def screen(pg: Any, name: str, full: bool = True) -> None:
+    """A screenshot for a person to look at, when the helpers' folder exists (and under
+    test-output/console/ like every console test's)."""
+    shot(pg, f"operator-{name}")
     if SCREENS.parent.is_dir():
         SCREENS.mkdir(exist_ok=True)
-        pg.screenshot(path=str(SCREENS / f"{name}.png"), full_page=True)
+        pg.screenshot(path=str(SCREENS / f"{name}.png"), full_page=full)
 
 
 class Console:
@@ -267,7 +279,7 @@ def test_every_pending_approval_past_the_200th_is_reachable_by_paging_filtering_
     counts = dict(zip(page.locator("a.agent-count").evaluate_all("as => as.map(a => a.dataset.agent)"),
                       [int(b) for b in page.locator("a.agent-count b").all_inner_texts()], strict=True))
     assert counts == {"ops": 176, "billing": 87}
-    screen(page, "approvals-inbox")
+    screen(page, "approvals-inbox", full=False)
     forward = _walk(page, "later")
     assert [len(p) for p in forward] == [50, 50, 50, 50, 50, 13]
     assert [i for p in forward for i in p] == ids  # every one, oldest first, once
@@ -322,7 +334,7 @@ def _executions(k: Kernel, n: int) -> list[str]:
 def test_the_executions_list_pages_both_ways_finds_an_id_prefix_and_keeps_a_bad_date_in_place(
     ck: Console, page: Any
 ) -> None:
-    ids = _executions(ck.kernel, 120) + [ck.running.start()[0]]
+    ids = [*_executions(ck.kernel, 120), ck.running.start()[0]]
     ids.sort(reverse=True)
     ck.sign_in(page, "bootstrap", "/console/executions")
 
