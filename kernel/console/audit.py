@@ -166,6 +166,12 @@ def _windowed(query: decisions.DecisionQuery, since: datetime, until: datetime) 
     return decisions.DecisionQuery(**{**_fields(query), "since": since, "until": until})
 
 
+def _pin(until: datetime, now: datetime) -> datetime:
+    """A window's end as an export keeps it: no later than the whole second after now (so what
+    was decided up to the moment the page was drawn is in, and what comes later is not)."""
+    return min(until, now.replace(microsecond=0) + timedelta(seconds=1))
+
+
 def _stamp(t: datetime) -> str:
     return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
@@ -191,9 +197,9 @@ async def audit_page(request: Request) -> Response:
     known = await call(agents.list_agents, k)
     search = {key: value for key, value in fields.items() if value}
     export = urlencode(search)
-    # The exports get the window pinned as the page drew it (its end no later than now), so the
-    # file holds what this page lists and charts, whenever it is downloaded.
-    pinned = urlencode({**search, "from": _stamp(span[0]), "to": _stamp(min(span[1], now))}) if span else export
+    # The exports get the window pinned as the page drew it (its end no later than the second
+    # after now), so the file holds what this page lists and charts, whenever it is downloaded.
+    pinned = urlencode({**search, "from": _stamp(span[0]), "to": _stamp(_pin(span[1], now))}) if span else export
     return page(request, v, "audit.html", status=status, section="audit", result=result, fields=fields,
                 agents=[a.id for a in known], outcomes=[o.value for o in DecisionOutcome],
                 shortcuts=list(RULE_SHORTCUTS), export=export, pinned=pinned, span=span,
@@ -228,7 +234,7 @@ class Export:
 
 async def _export(request: Request) -> Export:
     """The export's window and first page. The window is the page's (`window`), its end pinned
-    to now when it lies ahead, so rows decided while the file streams are not half in it. The
+    (`_pin`) when it lies ahead, so rows decided while the file streams are not half in it. The
     first page is read here, before the response starts, so a search the store refuses (an
     unknown decision, a bad cursor) is a 400 with its message rather than a stream cut off
     after its headers."""
@@ -236,7 +242,7 @@ async def _export(request: Request) -> Export:
     query, fields = await query_of(request, limit=decisions.MAX_PAGE, cursor=False)
     now = k.clock.now()
     since, until = window(query, now)
-    until = min(until, now)
+    until = _pin(until, now)
     query = _windowed(query, since, until)
     first = await call(decisions.list_decisions, k, query)
     about = {"kind": "regent.decisions", "from": _stamp(since), "to": _stamp(until),

@@ -415,9 +415,11 @@ def test_an_export_is_the_pages_window_complete_and_says_what_it_covers(ck: Cons
     # before: 1 250 rows, every one of all time, and no line saying what the file covers
     assert len(records) == 1210 and end == {"regent_export_end": {"rows": 1210, "complete": True}}
     about = head["regent_export"]
-    assert about["to"] == now.isoformat().replace("+00:00", "Z") and about["filters"] == {}
+    until = datetime.fromisoformat(about["to"])
+    assert until == now.replace(microsecond=0) + timedelta(seconds=1) and about["filters"] == {}
     since = datetime.fromisoformat(about["from"])
-    assert all(since <= datetime.fromisoformat(r["decided_at"]) < now for r in records)
+    assert since == now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=23)  # the chart's 24 whole hours
+    assert all(since <= datetime.fromisoformat(r["decided_at"]) < until for r in records)
     assert len({r["id"] for r in records}) == 1210
     # filtered as the page is: billing's 7, in CSV with its first and last lines
     page.goto(f"{ck.url}/console/audit?agent_id=billing")
