@@ -14,6 +14,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 import secrets
 import uuid
 from collections.abc import Iterator
@@ -132,7 +133,8 @@ def test_enter_in_the_comment_decides_nothing_and_a_grant_is_confirmed_then_name
     comment = row.locator("input[name=comment]")
     comment.fill("Deny: vendor not on the approved list")
     comment.press("Enter")  # before: the form's first button, Grant, was pressed
-    row.locator("button.grant").click()
+    # (before, the row was gone by now: granted, with the deny text as its comment)
+    row.get_by_role("button", name=re.compile("^Grant")).click(timeout=5_000)
     confirm = page.locator("#confirm")
     confirm.wait_for()
     # Enter sent nothing: the only POST is the Grant button's, which asks to confirm.
@@ -275,14 +277,14 @@ def test_every_pending_approval_past_the_200th_is_reachable_by_paging_filtering_
     rows = _backlog(ck.kernel, 263)
     ids = [r[0] for r in rows]
     ck.sign_in(page, "oncall", "/console/approvals")
+    screen(page, "approvals-inbox", full=False)
+    forward = _walk(page, "later")
+    assert [i for p in forward for i in p] == ids  # every one, oldest first, once (before: the oldest 200)
+    assert [len(p) for p in forward] == [50, 50, 50, 50, 50, 13]
     assert page.locator("#pending-total").inner_text() == "263 pending"
     counts = dict(zip(page.locator("a.agent-count").evaluate_all("as => as.map(a => a.dataset.agent)"),
                       [int(b) for b in page.locator("a.agent-count b").all_inner_texts()], strict=True))
     assert counts == {"ops": 176, "billing": 87}
-    screen(page, "approvals-inbox", full=False)
-    forward = _walk(page, "later")
-    assert [len(p) for p in forward] == [50, 50, 50, 50, 50, 13]
-    assert [i for p in forward for i in p] == ids  # every one, oldest first, once
     back = _walk(page, "earlier")
     assert [i for p in reversed(back) for i in p] == ids
     # newest first, filtered by agent and target
@@ -407,7 +409,6 @@ def test_an_export_is_the_pages_window_complete_and_says_what_it_covers(ck: Cons
     _decisions(ck.kernel, 40, now - timedelta(days=3))  # outside the page's last 24 hours
     _decisions(ck.kernel, 7, now - timedelta(minutes=1), agent="billing")
     ck.sign_in(page, "auditor", "/console/audit")
-    assert "the last 24 hours" in page.locator("#window").inner_text()
     status, body = _export(page, page.locator("#export-jsonl").get_attribute("href"))
     lines = [json.loads(line) for line in body.splitlines()]
     assert status == 200
@@ -421,6 +422,7 @@ def test_an_export_is_the_pages_window_complete_and_says_what_it_covers(ck: Cons
     assert since == now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=23)  # the chart's 24 whole hours
     assert all(since <= datetime.fromisoformat(r["decided_at"]) < until for r in records)
     assert len({r["id"] for r in records}) == 1210
+    assert "the last 24 hours" in page.locator("#window").inner_text()  # the page says the window it lists
     # filtered as the page is: billing's 7, in CSV with its first and last lines
     page.goto(f"{ck.url}/console/audit?agent_id=billing")
     status, body = _export(page, page.locator("#export-csv").get_attribute("href"))
