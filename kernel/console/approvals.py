@@ -163,9 +163,13 @@ async def decide(approval_id: str, verb: str, request: Request) -> Response:
         item = await call(approval_item, kernel_of(request), aid, v.principal)
         if item is None:
             raise NotFound("approval not found")
-        if item.refusal:
-            code = 409 if item.approval.status.value != "pending" else 403
-            return await _one(request, v, aid, status=code, fields=fields, error=f"Not decided: {item.refusal}.")
+        a = item.approval
+        why = item.refusal
+        if why is None and v.principal.name is None and a.approvers and asserted not in a.approvers:
+            why = f"only {', '.join(a.approvers)} may decide this, and the form names {asserted}"
+        if why:
+            code = 409 if a.status.value != "pending" else 403
+            return await _one(request, v, aid, status=code, fields=fields, error=f"Not decided: {why}.")
         return await _one(request, v, aid, fields=fields, confirm=verb)
     try:
         await call(approvals.decide_approval, kernel_of(request), aid, grant=verb == "grant", principal=v.principal,

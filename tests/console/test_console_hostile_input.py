@@ -53,6 +53,19 @@ def test_a_nul_in_the_executions_filter_is_a_400(server: ServerThread) -> None:
     assert r.status_code == 400 and "NUL" in r.text, r.text[:300]
 
 
+@pytest.mark.parametrize("query", [f"agent_id={NUL}", f"target=a{NUL}", f"rule_id={NUL}", "after=not-a-cursor",
+                                   "before=" + "A" * 60])
+def test_a_filter_or_cursor_the_inbox_cannot_use_is_a_400_above_the_inbox(server: ServerThread, query: str) -> None:
+    r = _get(server, f"/console/approvals?{query}")
+    assert r.status_code == 400 and 'id="decide-error"' in r.text and 'id="inbox"' in r.text, r.text[:300]
+
+
+@pytest.mark.parametrize("query", ["q=not-hex", "q=" + "0" * 37, "newer=nope", f"from={NUL}"])
+def test_a_search_the_executions_list_cannot_run_is_a_400_above_the_form(server: ServerThread, query: str) -> None:
+    r = _get(server, f"/console/executions?{query}")
+    assert r.status_code == 400 and 'id="search-error"' in r.text and 'id="executions-search"' in r.text, r.text[:300]
+
+
 @pytest.mark.parametrize("export", ["export.jsonl", "export.csv"])
 def test_an_export_the_search_refuses_is_a_400_before_the_stream_starts(server: ServerThread, export: str) -> None:
     # Before: the unknown decision was found while streaming, after the 200's headers, and the

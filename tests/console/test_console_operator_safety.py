@@ -193,12 +193,15 @@ def test_a_deny_needs_its_reason_and_a_post_without_the_confirmation_decides_not
 
 
 def test_the_bootstrap_token_must_name_who_decides(ck: Console, page: Any) -> None:
-    _, aid = ck.ask(approvers=())
+    _, aid = ck.ask(approvers=("alice",))
     ck.sign_in(page, "bootstrap", f"/console/approvals/{aid}")
     csrf = page.locator("input[name=csrf]").first.get_attribute("value")
     r = page.request.post(f"{ck.url}/console/approvals/{aid}/grant", form={"csrf": csrf, "confirm": "grant"})
     assert r.status == 400 and "Say who is deciding" in r.text()
     assert ck.approval(aid).status == ApprovalStatus.PENDING
+    page.fill("input[name=decided_by]", "mallory")  # a name the rule does not list: said before confirming
+    page.locator("button.grant").click()
+    assert "only alice may decide this, and the form names mallory" in page.locator("#decide-error").inner_text()
     page.fill("input[name=decided_by]", "alice")
     page.locator("button.grant").click()
     page.locator("#confirm-button").click()
