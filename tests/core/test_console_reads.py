@@ -231,3 +231,33 @@ def test_the_inbox_pages_every_pending_approval_both_ways_in_either_order_with_f
     assert box.per_agent == {"shell": 13} and box.matching == 7
     refused = {it.approval.id: it.refusal for it in inbox.inbox(kernel, inbox.InboxQuery(), alice).pending}
     assert refused[asked[0][0]] == "only bob may decide this; you are alice" and refused[asked[1][0]] is None
+
+
+def test_the_executions_page_finds_an_id_prefix_and_pages_back_to_the_newest(kernel: Kernel, store: SqlStore) -> None:
+    # Oracle: str.startswith over every id. The prefixes end in every kind of character the
+    # range bound handles (a digit, 9, f, a hyphen, an f carrying into a hyphen).
+    base = kernel.clock.now()
+    ids = ["0193f0ff-0000-7000-8000-000000000001", "0193f0ff-ffff-7000-8000-000000000002",
+           "0193f100-0000-7000-8000-000000000003", "01940000-0000-7000-8000-000000000004",
+           "0199ffff-0000-7000-8000-000000000005", "019a0000-0000-7000-8000-000000000006"]
+    from kernel.core.agents import register_agent
+    from kernel.domain import Execution, ExecutionStatus
+
+    register_agent(kernel, "shell", "http://127.0.0.1:9/webhook", "s3cret", None, keep_policy=True)
+    with store.transaction() as tx:
+        for i, eid in enumerate(ids):
+            tx.insert_execution(Execution(id=eid, agent_id="shell", input=None, status=ExecutionStatus.RUNNING,
+                                          created_at=base, updated_at=base + timedelta(seconds=i)))
+    for prefix in ("0193f0ff-", "0193f0ff-f", "0193f0f", "0193f1", "0199", "0199f", "019", "01940000-0000-7000-8000-00000000000",
+                   ids[3], "0193F0FF"):
+        page = timeline.execution_page(kernel, agent_id=None, status=None, created_from=None, created_to=None,
+                                       cursor=None, limit=50, id_starts=prefix)
+        assert [e.id for e in page.executions] == sorted((x for x in ids if x.startswith(prefix.lower())), reverse=True), prefix
+    first = timeline.execution_page(kernel, agent_id=None, status=None, created_from=None, created_to=None,
+                                    cursor=None, limit=4)
+    older = timeline.execution_page(kernel, agent_id=None, status=None, created_from=None, created_to=None,
+                                    cursor=first.next_cursor, limit=4)
+    assert [e.id for e in older.executions] == sorted(ids, reverse=True)[4:] and older.next_cursor is None
+    back = timeline.execution_page(kernel, agent_id=None, status=None, created_from=None, created_to=None,
+                                   cursor=None, newer_than=older.prev_cursor, limit=4)
+    assert [e.id for e in back.executions] == [e.id for e in first.executions] and back.prev_cursor is None
