@@ -315,6 +315,12 @@ def test_the_inbox_refreshes_itself_counts_down_and_a_timelines_decide_link_reac
     _, second = ck.ask(target="wire_money")  # asked while the page is open
     page.locator(f"#approval-{second}").wait_for(timeout=20_000)
     assert page.locator("#pending-total").inner_text() == "2 pending"
+    # while the approver types, a change is only announced: what was typed stays
+    page.locator(f"#approval-{first} input[name=comment]").fill("checking the payee")
+    _, third = ck.ask(target="close_account")
+    page.locator("#inbox-changed").wait_for(timeout=20_000)
+    assert page.locator(f"#approval-{third}").count() == 0
+    assert page.locator(f"#approval-{first} input[name=comment]").input_value() == "checking the payee"
     title = page.locator(f"#approval-{first} time").get_attribute("title")
     assert title and "your time zone" in title
     page.goto(f"{ck.url}/console/executions/{eid}")
