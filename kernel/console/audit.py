@@ -152,14 +152,15 @@ def chart(counts: decisions.DecisionCounts) -> Chart:
 
 def window(query: decisions.DecisionQuery, now: datetime) -> tuple[datetime, datetime]:
     """The time window the page, its chart and its exports all cover: the search's from/to;
-    from alone runs to now, to alone reaches 24 hours back; neither is the last 24 whole hours."""
+    from alone runs to now (the second after it, so what was decided this instant is in), to
+    alone reaches 24 hours back; neither is the last 24 whole hours."""
     since, until = query.since, query.until
     if since is None and until is None:
         return decisions.default_range(now)
     if since is None:
         assert until is not None
         return until - timedelta(hours=24), until
-    return since, until if until is not None else now
+    return since, until if until is not None else _pin(now, now)
 
 
 def _windowed(query: decisions.DecisionQuery, since: datetime, until: datetime) -> decisions.DecisionQuery:
