@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.domain.decision import Decision, PolicyInput, PolicyKind, Verdict
+from kernel.policy.numbers import out_of_range_reason, unrepresentable_number
 
 from . import protocol as P
 from .bundle import RegoBundle
@@ -149,6 +150,9 @@ class RegoEngine:
         coverage and error locations use the instrumented twin this way). Each result is
         ``{"value": V}``, ``{"undefined": True}`` or ``{"error": MESSAGE}``; raises ProbeError
         when the bundle cannot be loaded or the worker faults."""
+        bad = unrepresentable_number(document)
+        if bad is not None:
+            raise ProbeError(out_of_range_reason(bad))
         body = json.dumps({"input": document, "entrypoints": entrypoints}, ensure_ascii=False,
                           separators=(",", ":"), allow_nan=False).encode("utf-8")
         w = self._pool.acquire(self.acquire_timeout)
@@ -236,6 +240,9 @@ class RegoEngine:
             return self._bundle_error(bundle, broken)
         if self._pool.closed:
             return self._eval_error(bundle, "rego engine is closed", logged=True)
+        bad = unrepresentable_number(document)
+        if bad is not None:  # the answer a YAML bundle gives the same input (kernel/policy/numbers.py)
+            return self._eval_error(bundle, out_of_range_reason(bad))
         try:
             body = json.dumps(
                 document, ensure_ascii=False, separators=(",", ":"), allow_nan=False
@@ -338,6 +345,8 @@ class RegoEngine:
         """The worker's raw OP_EVAL_BATCH results (dicts, "value" as rego-cpp's text), or None."""
         if self._pool.closed or self._broken.get(bundle.digest) is not None:
             return None
+        if any(unrepresentable_number(d) is not None for d in documents):
+            return None  # one by one: each such input gets the out-of-range answer
         request: dict[str, Any] = {"inputs": documents}
         if entrypoint:
             request["entrypoint"] = entrypoint
