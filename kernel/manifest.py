@@ -20,6 +20,7 @@ from kernel.core.agents import MIN_LEASE_SECONDS, register_agent, validate_agent
 from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
 from kernel.errors import ConfigError
 from kernel.errors import ValidationError as FieldError
+from kernel.yamldoc import SafeLoader12
 
 log = logging.getLogger("kernel.manifest")
 
@@ -122,7 +123,7 @@ class _Parser:
         self.path = path
         self.base = path.resolve().parent
         self.warnings: list[str] = []
-        self._constructor = yaml.SafeLoader("")
+        self._constructor = SafeLoader12("")
 
     def fail(self, node: Node | None, reason: str) -> ConfigError:
         line = f":{node.start_mark.line + 1}" if node is not None else ""
@@ -130,7 +131,7 @@ class _Parser:
 
     def manifest(self) -> Manifest:
         try:
-            root = yaml.compose(self.text, Loader=yaml.SafeLoader)
+            root = yaml.compose(self.text, Loader=SafeLoader12)
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             where = f":{mark.line + 1}" if mark is not None else ""

@@ -17,7 +17,7 @@ import yaml
 from kernel.domain import Decision, JudgeAnswer, PolicyInput, resolve_judge
 from kernel.errors import ValidationError
 from kernel.policy.resolver import CompiledBundle
-from kernel.yamldoc import load_first
+from kernel.yamldoc import load_first, yaml12_numbers
 
 # libyaml's loader when PyYAML has it (its wheels do): the same safe constructors, about 7× less
 # CPU on a 1 000-case file (0.49 → 0.07 s), which was most of a `regent policy test` run.
@@ -124,6 +124,7 @@ class _CaseLoader(_LOADER):  # type: ignore[misc,valid-type]
 
 
 _CaseLoader.add_constructor("tag:yaml.org,2002:map", _CaseLoader.construct_mapping)
+yaml12_numbers(_CaseLoader)
 
 
 def _load(text: str) -> Any:
