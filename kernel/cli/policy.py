@@ -194,6 +194,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 if b.kind == "yaml":
                     row["warnings"] = [{"code": x.code, "file": str(p), "line": x.line, "rule_id": x.rule_id,
                                         "message": x.message} for x in b.compiled.lints()]
+                else:
+                    row["warnings"] = rego_warnings(b)
             except ValidationError as exc:
                 row["ok"] = False
                 row["problems"] = [line for line in exc.message.splitlines() if line.strip()]
@@ -212,9 +214,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         else:
             err.print("\n".join(r["problems"]), style="red", markup=False, highlight=False)
         for w in r["warnings"]:
-            out.print(f"  {w['file']}:{w['line']}: warning: rule \"{w['rule_id']}\": {w['message']}",
+            rule = f"rule \"{w['rule_id']}\": " if w["rule_id"] else ""
+            out.print(f"  {w['file']}:{w['line']}: warning: {rule}{w['message']}",
                       style="yellow", markup=False, highlight=False)
     return 1 if bad else 0
+
+
+def rego_warnings(b: Any) -> list[dict[str, Any]]:
+    """`policy check` warnings for a Rego bundle: literal times rego-cpp cannot parse."""
+    from kernel.policy.rego.timelint import time_literal_lints
+
+    bundle = b.compiled.bundle
+    lints = time_literal_lints(b.modules, {m: bundle.display_path(m) for m in b.modules})
+    return [{"code": x.code, "file": x.file, "line": x.line, "col": x.col, "rule_id": "", "message": x.message}
+            for x in lints]
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
