@@ -177,7 +177,10 @@ class _Parser:
     def scalar(self, node: Node, key: str) -> object:
         if not isinstance(node, ScalarNode):
             raise self.fail(node, f"`{key}` must be a single value")
-        return self._constructor.construct_object(node, deep=True)
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:  # a number YAML 1.1 and 1.2 read differently, 1e400
+            raise self.fail(node, f"`{key}`: {getattr(exc, 'problem', None) or exc}") from None
 
     def string(self, node: Node, key: str) -> str:
         value = self.scalar(node, key)

@@ -26,7 +26,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 MAX_EXPANDED_NODES = 1_000_000
 
 __all__ = ["AMBIGUOUS_NUMBER", "MAX_EXPANDED_NODES", "SafeLoader12", "YamlTooLarge", "ambiguity",
-           "check_expansion", "load_first", "safe_load", "yaml12_numbers"]
+           "check_expansion", "describe_error", "load_first", "safe_load", "yaml12_numbers"]
 
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
@@ -88,6 +88,15 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[mi
 
 
 _LOADER: Any = yaml12_numbers(_Loader)
+
+
+def describe_error(source: str, exc: yaml.YAMLError) -> str:
+    """``source:LINE: problem`` for a YAML error that has a position (``source: …`` otherwise)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+    if mark is not None and problem:
+        return f"{source}:{mark.line + 1}: {problem}"
+    return f"{source}: {' '.join(str(exc).split())}"
 
 
 class YamlTooLarge(yaml.YAMLError):

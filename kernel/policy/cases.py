@@ -17,7 +17,7 @@ import yaml
 from kernel.domain import Decision, JudgeAnswer, PolicyInput, resolve_judge
 from kernel.errors import ValidationError
 from kernel.policy.resolver import CompiledBundle
-from kernel.yamldoc import load_first, yaml12_numbers
+from kernel.yamldoc import describe_error, load_first, yaml12_numbers
 
 # libyaml's loader when PyYAML has it (its wheels do): the same safe constructors, about 7× less
 # CPU on a 1 000-case file (0.49 → 0.07 s), which was most of a `regent policy test` run.
@@ -97,7 +97,7 @@ def parse_cases(text: str, *, source: str = "<cases>", default_agent: str = "") 
     try:
         doc = _load(text)
     except yaml.YAMLError as exc:
-        raise ValidationError(f"{source}: {exc}") from None
+        raise ValidationError(describe_error(source, exc)) from None
     except RecursionError:
         raise ValidationError(f"{source}: nested too deep") from None
     if doc is None:
