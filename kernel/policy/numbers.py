@@ -2,27 +2,33 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-__all__ = ["OUT_OF_RANGE_RULE", "out_of_range_reason", "unrepresentable_number"]
+__all__ = ["MAX_MAGNITUDE", "MIN_MAGNITUDE", "OUT_OF_RANGE_RULE", "out_of_range_reason", "unrepresentable_number"]
 
-# rego-cpp reads a number with std::stod when a rule compares or computes with it; stod fails
-# below the smallest normal float64 (5e-324, 1e-320) and beyond the largest (1e400 decodes to
-# inf), so Rego could only error there while YAML compared. Both engines deny such an input.
+# rego-cpp 1.5.2 computes with a non-integer as its 16-significant-digit text read back by
+# std::stod, which fails below the smallest normal float64 and beyond the largest: 5e-324,
+# 1e-320, even 2.2250738585072014e-308 (its 16 digits fall below) and 1.7976931348623157e308 (its
+# 16 digits round past the largest), and 1e400 (inf once decoded). Rego could only error there
+# while YAML compared, so both engines deny such an input. Measured bounds: the outermost
+# 16-digit values stod reads.
+MIN_MAGNITUDE = 2.225073858507202e-308
+MAX_MAGNITUDE = 1.797693134862315e308
+OUT_OF_RANGE_RULE = "eval-error"
 _MIN_NORMAL = 2.2250738585072014e-308
 _MAX = 1.7976931348623157e308
-OUT_OF_RANGE_RULE = "eval-error"
 
 
 def unrepresentable_number(value: Any) -> float | None:
-    """The first float in ``value`` (decoded JSON) that is not finite, or not zero but smaller
-    in magnitude than float64's smallest normal number; None when there is none."""
+    """The first float in ``value`` (decoded JSON) that is not finite, or not zero and outside
+    [MIN_MAGNITUDE, MAX_MAGNITUDE] in magnitude; None when there is none."""
     stack = [value]
     while stack:
         v = stack.pop()
         t = type(v)
         if t is float:
-            if v != 0.0 and not _MIN_NORMAL <= abs(v) <= _MAX:  # NaN fails both comparisons
+            if v != 0.0 and not MIN_MAGNITUDE <= abs(v) <= MAX_MAGNITUDE and not _stod_reads(v):
                 return v  # type: ignore[no-any-return]
         elif t is dict:
             stack.extend(v.values())
@@ -31,6 +37,15 @@ def unrepresentable_number(value: Any) -> float | None:
     return None
 
 
+def _stod_reads(v: float) -> bool:
+    """Whether std::stod reads ``v``'s 16-significant-digit text as a normal float64 (the edges
+    just outside the bounds above; NaN and infinities never)."""
+    if v != v or v in (math.inf, -math.inf):
+        return False
+    r = abs(float(f"{v:.16g}"))
+    return _MIN_NORMAL <= r <= _MAX
+
+
 def out_of_range_reason(number: float) -> str:
-    return (f"input number {number!r} is outside the range policies compare (a float64 that is "
-            "finite and 0 or at least 2.2250738585072014e-308 in magnitude)")
+    return (f"input number {number!r} is outside the range policies compare (0, or a magnitude "
+            f"from {MIN_MAGNITUDE!r} to {MAX_MAGNITUDE!r})")
