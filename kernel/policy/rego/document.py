@@ -24,13 +24,17 @@ def rego_time(now: str) -> str:
 
 
 def input_document(inp: PolicyInput) -> dict[str, Any]:
+    execution = dict(inp.execution)
+    created = execution.get("created_at")
+    if isinstance(created, str):
+        execution["created_at"] = rego_time(created)  # an execution's age is now minus this
     return {
         "agent_id": inp.agent_id,
         "kind": inp.kind,
         "target": inp.target,
         "args": inp.args,
         "idempotency": inp.idempotency,
-        "execution": dict(inp.execution),
+        "execution": execution,
         "usage": dict(inp.usage),
         "now": rego_time(inp.now),
         "session": inp.session,

@@ -82,8 +82,20 @@ def test_time_rules_hold_on_the_kernels_clock(engine: RegoEngine, now: str) -> N
 
 
 def test_input_now_is_given_with_a_numeric_offset() -> None:
-    inp = PolicyInput(agent_id="a", kind="tool_call", target="t", args={}, now="2026-12-02T19:00:00.000001Z")
-    assert input_document(inp)["now"] == "2026-12-02T19:00:00.000001+00:00"
+    inp = PolicyInput(agent_id="a", kind="tool_call", target="t", args={}, now="2026-12-02T19:00:00.000001Z",
+                      execution={"id": "e", "created_at": "2026-12-02T18:00:00Z"})
+    doc = input_document(inp)
+    assert doc["now"] == "2026-12-02T19:00:00.000001+00:00"
+    assert doc["execution"] == {"id": "e", "created_at": "2026-12-02T18:00:00+00:00"}
+    assert inp.execution["created_at"] == "2026-12-02T18:00:00Z"  # the step's own record is untouched
+
+
+def test_an_executions_age_is_computable_in_rego(engine: RegoEngine) -> None:
+    policy = """
+age_ns := time.parse_rfc3339_ns(input.now) - time.parse_rfc3339_ns(input.execution.created_at)
+decision := {"decision": "allow", "rule_id": "young"} if { age_ns < time.parse_duration_ns("5m") }
+"""
+    assert engine.evaluate(bundle_of(policy), step()).rule_id == "young"  # created 18:59, now 19:00
 
 
 def test_explain_does_not_call_a_rule_held_when_its_value_is_undefined(engine: RegoEngine) -> None:
