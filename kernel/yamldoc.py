@@ -68,7 +68,7 @@ def _refuse_ambiguous(loader: Any, node: Node) -> Any:
     raise ConstructorError(None, None, ambiguity(str(node.value)), node.start_mark)
 
 
-def _finite_float(loader: Any, node: Node) -> float:
+def _finite_float(loader: Any, node: ScalarNode) -> float:
     value = float(yaml.SafeLoader.construct_yaml_float(loader, node))
     text = str(node.value)
     if math.isinf(value) and "inf" not in text.lower():  # 1e400: beyond float64, not `.inf`

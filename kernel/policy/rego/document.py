@@ -16,7 +16,7 @@ def rego_time(now: str) -> str:
     for a time ending in `Z` (or `z`), and for a lowercase `t`, and parse `+00:00`; the kernel's
     clock writes `Z` (Rebuno's JSON timestamps). The instant is the same.
     """
-    if len(now) > 11 and now[-1] in "Zz":
+    if isinstance(now, str) and len(now) > 11 and now[-1] in "Zz":
         now = now[:-1] + "+00:00"
         if now[10] == "t":
             now = now[:10] + "T" + now[11:]

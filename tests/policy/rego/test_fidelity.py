@@ -135,3 +135,24 @@ def test_policy_check_warns_about_a_literal_time_and_fails_under_strict(tmp_path
     assert (lint.line, lint.col) == (6, 33) and '"2026-01-01T00:00:00+00:00"' in lint.message
     assert cli_main(["policy", "check", str(b)]) == 0
     assert cli_main(["policy", "check", "--strict", str(b)]) == 1
+
+
+@pytest.mark.parametrize("now", ["2026-12-02T19:00:00Z", "'2026-12-02T19:00:00Z'", "2026-12-02T20:30:00+01:30",
+                                 "2026-12-02 19:00:00"])
+def test_a_case_files_context_now_reaches_rego_time_rules(engine: RegoEngine, now: str) -> None:
+    from kernel.policy.cases import parse_cases, run_cases
+    from kernel.policy.resolver import RegoCompiled
+
+    [case] = parse_cases(f"cases:\n  - {{name: t, target: t, context: {{now: {now}}}, expect: allow}}\n")
+    assert isinstance(case.context["now"], str)  # an unquoted YAML timestamp is a datetime until here
+    report = run_cases(RegoCompiled(bundle_of(TIME_POLICY), engine), [case])
+    assert [(r.decision, r.rule_id) for r in report.results] == [("allow", "office-hours")]
+
+
+@pytest.mark.parametrize("now", ["2026-12-02", "yesterday", "2026-12-02T19:00:00"])
+def test_a_case_files_context_now_must_be_a_time_with_a_zone(now: str) -> None:
+    from kernel.errors import ValidationError
+    from kernel.policy.cases import parse_cases
+
+    with pytest.raises(ValidationError, match=r"case 1: .*context\.now"):
+        parse_cases(f"cases:\n  - {{name: t, target: t, context: {{now: '{now}' }}}}\n".replace("'2026-12-02'", "2026-12-02"))
