@@ -93,10 +93,10 @@ def load_bundle(path: Path, rego_engine: Any, *, strict: bool = False) -> Loaded
         if strict:
             from kernel.policy.rego.timelint import time_literal_lints
 
-            lints = time_literal_lints(modules, {m: bundle.display_path(m) for m in modules})
-            if lints:
+            times = time_literal_lints(modules, {m: bundle.display_path(m) for m in modules})
+            if times:
                 raise ValidationError(f"{path}: invalid policy bundle (strict): "
-                                      + "; ".join(f"{x.file}:{x.line}:{x.col}: {x.message}" for x in lints))
+                                      + "; ".join(f"{x.file}:{x.line}:{x.col}: {x.message}" for x in times))
         return LoadedBundle(path, "rego", RegoCompiled(bundle, rego_engine.get()), rego_rule_ids(modules),
                             modules=modules, data=bundle.data)
     from kernel.policy.yaml import compile_yaml_bundle
