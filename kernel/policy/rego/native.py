@@ -109,7 +109,8 @@ class BadInput(Exception):
 
 
 class _NeedsText(Exception):
-    """A number the builder cannot carry exactly: the document goes in as JSON text instead."""
+    """A value the builder cannot carry whole (a float, a big integer, a non-empty array): the
+    document goes in as JSON text instead."""
 
 
 def add_value(p: int, v: Any) -> None:
