@@ -7,7 +7,7 @@ claim; `Tx` (sql.py) holds the queries.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -146,6 +146,32 @@ class SqlStore:
 
     def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]:
         return [r[0] for r in conn.execute(self.due_dispatch_query(now, limit)).all()]
+
+    @staticmethod
+    def due_by_agent_query(now: datetime, limit: int, skip_agents: Collection[str], skip_ids: Collection[str]) -> Any:
+        """(dispatch id, agent id) of due rows, oldest due first, leaving out the agents in
+        `skip_agents` (their share of deliveries is taken) and the rows in `skip_ids`. The join
+        is by the executions' primary key, one lookup per row read."""
+        c, e = t.dispatches.c, t.executions.c
+        q = (
+            select(c.id, e.agent_id)
+            .select_from(t.dispatches.join(t.executions, e.id == c.execution_id))
+            .where(
+                or_(c.status == DispatchStatus.PENDING.value, c.status == DispatchStatus.FAILED.value),
+                c.next_attempt_at <= now,
+            )
+            .order_by(c.next_attempt_at, c.id)
+            .limit(limit)
+        )
+        if skip_agents:
+            q = q.where(e.agent_id.not_in(sorted(skip_agents)))
+        if skip_ids:
+            q = q.where(c.id.not_in(sorted(skip_ids)))
+        return q
+
+    def due_by_agent(self, conn: Connection, now: datetime, limit: int, skip_agents: Collection[str],
+                     skip_ids: Collection[str]) -> list[tuple[str, str]]:
+        return [(r[0], r[1]) for r in conn.execute(self.due_by_agent_query(now, limit, skip_agents, skip_ids)).all()]
 
     @contextmanager
     def leader(self, name: str) -> Iterator[bool]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -15,6 +15,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
+from kernel.store import tables as t
 from kernel.store.base import SqlStore, end_transaction
 from kernel.store.prepared import Prepared
 from kernel.store.sql import Tx
@@ -153,6 +154,13 @@ class PostgresStore(SqlStore):
         # SKIP LOCKED: replicas claiming at the same moment take disjoint rows instead of queueing.
         q = self.due_dispatch_query(now, limit).with_for_update(skip_locked=True)
         return [r[0] for r in conn.execute(q).all()]
+
+    def due_by_agent(self, conn: Connection, now: datetime, limit: int, skip_agents: Collection[str],
+                     skip_ids: Collection[str]) -> list[tuple[str, str]]:
+        # SKIP LOCKED as above; OF dispatches: the executions joined in for their agent stay unlocked.
+        q = self.due_by_agent_query(now, limit, skip_agents, skip_ids).with_for_update(skip_locked=True,
+                                                                                        of=t.dispatches)
+        return [(r[0], r[1]) for r in conn.execute(q).all()]
 
     @contextmanager
     def leader(self, name: str) -> Iterator[bool]:
