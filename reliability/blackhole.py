@@ -23,6 +23,7 @@ class Webhook:
         self.answering = answer
         self.max_seconds = max_seconds
         self.arrivals: dict[str, float] = {}  # execution id → time.time() of its first webhook
+        self.answered: dict[str, float] = {}  # execution id → when a 200 was first sent for it
         self.requests = 0
         self.open = 0
         self.max_open = 0
@@ -71,11 +72,13 @@ class Webhook:
                             length = int(value.strip())
                     body = await reader.readexactly(length)
                     self.requests += 1
-                    self._note(body)
+                    eid = self._note(body)
                     if not await self._held(reader):
                         return  # the client gave up (closed its end) while it was held
                     writer.write(ANSWER)
                     await writer.drain()
+                    if eid is not None:
+                        self.answered.setdefault(eid, time.time())
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
             pass
         finally:
@@ -95,15 +98,19 @@ class Webhook:
         finally:
             recovered.cancel()
             eof.cancel()
+            # The cancelled read must be over before the connection's next read starts.
+            await asyncio.gather(recovered, eof, return_exceptions=True)
         return recovered.done() and not recovered.cancelled() and not (eof.done() and not eof.cancelled())
 
-    def _note(self, body: bytes) -> None:
+    def _note(self, body: bytes) -> str | None:
         try:
             eid = json.loads(body).get("execution_id")
         except (ValueError, AttributeError):
-            return
-        if isinstance(eid, str):
-            self.arrivals.setdefault(eid, time.time())
+            return None
+        if not isinstance(eid, str):
+            return None
+        self.arrivals.setdefault(eid, time.time())
+        return eid
 
     def recover(self) -> None:
         """Answer 200 from now on, including the requests held so far."""
