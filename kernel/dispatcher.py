@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
@@ -170,6 +171,7 @@ class Dispatcher:
         self._tasks: list[asyncio.Task[None]] = []
         self.delivered = 0  # deliveries attempted by this replica (acked or failed)
         self.outcomes: Counter[str] = Counter()  # by outcome (OUTCOMES), for /metrics
+        self._searched_empty = float("-inf")  # when reading past full agents last found nothing
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -206,8 +208,16 @@ class Dispatcher:
         idle = self.concurrency - len(self._active)
         if idle <= 0:
             return 0
-        ids = await self._run_blocking(due_ids, self.kernel, idle, self.gate.shares())
+        shares = self.gate.shares()
+        full = any(room <= 0 for room in shares.room.values())
+        # Reading past the agents whose share is taken costs a lookup per due row: after one such
+        # read found nothing, the next waits for the poll interval (a wake after each delivery
+        # would repeat it hundreds of times a second behind a long queue).
+        search = full and time.monotonic() - self._searched_empty >= self.poll_interval
+        ids = await self._run_blocking(due_ids, self.kernel, idle, shares, search)
         if not ids:
+            if search:
+                self._searched_empty = time.monotonic()
             return 0
         # Disjoint chunks, claimed in parallel where the lane has threads for it (PostgreSQL), one
         # after the other on SQLite's one; each chunk's rows go on the wire as soon as it is claimed.

@@ -15,7 +15,6 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from kernel.store import tables as t
 from kernel.store.base import SqlStore, end_transaction
 from kernel.store.prepared import Prepared
 from kernel.store.sql import Tx
@@ -157,10 +156,9 @@ class PostgresStore(SqlStore):
 
     def due_by_agent(self, conn: Connection, now: datetime, limit: int, skip_agents: Collection[str],
                      skip_ids: Collection[str]) -> list[tuple[str, str]]:
-        # SKIP LOCKED as above; OF dispatches: the executions joined in for their agent stay unlocked.
-        q = self.due_by_agent_query(now, limit, skip_agents, skip_ids).with_for_update(skip_locked=True,
-                                                                                        of=t.dispatches)
-        return [(r[0], r[1]) for r in conn.execute(q).all()]
+        # SKIP LOCKED as above, of the dispatch rows only: the executions joined in for their agent
+        # stay unlocked.
+        return super().due_by_agent(conn, now, limit, skip_agents, skip_ids, lock=True)
 
     @contextmanager
     def leader(self, name: str) -> Iterator[bool]:

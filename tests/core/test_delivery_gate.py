@@ -54,6 +54,18 @@ def test_the_claim_reads_past_an_agent_whose_share_is_taken(kernel: Kernel) -> N
         assert [tx.get_dispatch(i).execution_id for i in ids] == [healthy]  # type: ignore[union-attr]
 
 
+def test_without_search_the_claim_reads_only_the_oldest_rows(kernel: Kernel) -> None:
+    # What the dispatcher asks between two reads past a full agent (at most one per poll).
+    register_agent(kernel, "bh", "http://127.0.0.1:9/w", SECRET, None, keep_policy=True)
+    register_agent(kernel, "ok", "http://127.0.0.1:9/v", SECRET, None, keep_policy=True)
+    for i in range(20):
+        executions.create_execution(kernel, "bh", {"i": i})
+    kernel.clock.advance(1)  # type: ignore[attr-defined]
+    executions.create_execution(kernel, "ok", {})
+    assert due_ids(kernel, 16, Shares(default=16, room={"bh": 0}), search=False) == []
+    assert len(due_ids(kernel, 16, Shares(default=16, room={"bh": 0}), search=True)) == 1
+
+
 def test_one_claim_takes_at_most_each_agents_share_and_fills_up_with_the_others(kernel: Kernel) -> None:
     for agent in ("a", "b"):
         register_agent(kernel, agent, f"http://127.0.0.1:9/{agent}", SECRET, None, keep_policy=True)
