@@ -180,7 +180,10 @@ class SqlStore:
         if skip_agents:
             return [(r[0], r[1]) for r in rows]
         e = t.executions.c
-        agents = dict(conn.execute(select(e.id, e.agent_id).where(e.id.in_({r[1] for r in rows}))).all()) if rows else {}
+        agents: dict[str, str] = {}
+        if rows:
+            for eid, agent in conn.execute(select(e.id, e.agent_id).where(e.id.in_({r[1] for r in rows}))).all():
+                agents[eid] = agent
         return [(r[0], agents[r[1]]) for r in rows if r[1] in agents]
 
     @contextmanager

@@ -155,10 +155,10 @@ class PostgresStore(SqlStore):
         return [r[0] for r in conn.execute(q).all()]
 
     def due_by_agent(self, conn: Connection, now: datetime, limit: int, skip_agents: Collection[str],
-                     skip_ids: Collection[str]) -> list[tuple[str, str]]:
-        # SKIP LOCKED as above, of the dispatch rows only: the executions joined in for their agent
+                     skip_ids: Collection[str], lock: bool = True) -> list[tuple[str, str]]:
+        # SKIP LOCKED as above, of the dispatch rows only: the executions read for their agent
         # stay unlocked.
-        return super().due_by_agent(conn, now, limit, skip_agents, skip_ids, lock=True)
+        return super().due_by_agent(conn, now, limit, skip_agents, skip_ids, lock=lock)
 
     @contextmanager
     def leader(self, name: str) -> Iterator[bool]:
