@@ -64,10 +64,22 @@ def background_hooks(settings: Settings, kernel: Kernel) -> list[Any]:
         # On a loop of its own, its transactions on the lane ahead of the requests' (kernel/dispatcher.py).
         d = DispatcherThread(lambda: Dispatcher(
             kernel, concurrency=settings.dispatch_concurrency, timeout=settings.dispatch_timeout,
-            poll_interval=settings.dispatch_poll_interval, run_blocking=call_first))
+            poll_interval=settings.dispatch_poll_interval, run_blocking=call_first,
+            agent_concurrency=settings.dispatch_agent_concurrency,
+            host_concurrency=settings.dispatch_host_concurrency,
+            breaker_failures=settings.dispatch_breaker_failures, breaker_reset=settings.dispatch_breaker_reset))
         await d.start()
         app.state.dispatcher = d
-        return d.stop
+        from kernel.api.metrics import DispatchCollector
+
+        collector = DispatchCollector(d.stats)
+        app.state.metrics_registry.register(collector)
+
+        async def stop() -> None:
+            app.state.metrics_registry.unregister(collector)
+            await d.stop()
+
+        return stop
 
     async def sweeper(app: FastAPI) -> Any:
         s = Sweeper(kernel, leader_key=settings.leader_lock_key, cleanup_interval=settings.cleanup_interval,

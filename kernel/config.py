@@ -47,6 +47,7 @@ _DURATIONS = (
     "dispatch_timeout",
     "dispatch_lease_timeout",
     "dispatch_poll_interval",
+    "dispatch_breaker_reset",
     "approval_timeout",
     "cleanup_interval",
     "deadline_check_interval",
@@ -127,6 +128,14 @@ class Settings(BaseSettings):
     dispatch_concurrency: int = Field(default=64, ge=1, le=1024)
     dispatch_lease_timeout: float = 120.0
     dispatch_poll_interval: float = 0.25
+    # Of those, at most this many to one agent, and to one webhook host (scheme, host, port);
+    # unset: half of dispatch_concurrency, so no agent or host can take every slot
+    dispatch_agent_concurrency: int | None = Field(default=None, ge=1, le=1024)
+    dispatch_host_concurrency: int | None = Field(default=None, ge=1, le=1024)
+    # After this many failed deliveries in a row an agent is sent nothing for dispatch_breaker_reset
+    # (doubling per failed probe, up to dispatch_max_delay); its executions wait, attempts unspent
+    dispatch_breaker_failures: int = Field(default=5, ge=1)
+    dispatch_breaker_reset: float = 5.0
     # Admission control: POST /v0/executions answers 503 with Retry-After while this many
     # dispatches wait undelivered (0 = no bound)
     max_backlog: int = Field(default=10_000, ge=0)

@@ -18,14 +18,17 @@ import contextlib
 import json
 import logging
 import threading
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio.to_thread
 import httpx
 
 from kernel.core.dispatch import Claim, claim_ids, due_ids, reap_expired_leases, record_delivery
 from kernel.core.kernel import Kernel
+from kernel.delivery_gate import DeliveryGate, host_key
 from kernel.domain import Agent
 from kernel.signing import webhook_signature
 
@@ -41,6 +44,28 @@ MAX_RECORDERS = 4  # record calls queued at once (PostgreSQL's lane runs them si
 # An agent's answer body is not used: this much is read so its connection can carry the next
 # delivery; past it the connection is closed instead.
 MAX_ANSWER_BYTES = 64 * 1024
+# A failed delivery's `error` in its dispatch.failed event is cut to this length (an exception's
+# text may quote what the agent registered).
+MAX_DETAIL_CHARS = 300
+
+
+# A delivery's outcome, as /metrics counts it.
+OUTCOMES = ("acked", "status", "timeout", "connection", "error", "agent_missing")
+
+
+def outcome_of(ok: bool, detail: str | None) -> str:
+    if ok:
+        return "acked"
+    if detail and detail.startswith("HTTP "):
+        return "status"
+    if detail and detail.startswith("timeout"):
+        return "timeout"
+    return "connection"
+
+
+def failure_detail(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text if len(text) <= MAX_DETAIL_CHARS else text[:MAX_DETAIL_CHARS - 1] + "…"
 
 
 def webhook_body(claim: Claim) -> bytes:
@@ -94,7 +119,12 @@ def _claim_with_agents(k: Kernel, ids: list[str]) -> list[tuple[Claim, Agent | N
 
 class Dispatcher:
     """One per replica. `start()` launches the delivery loop and the reaper; `stop()` ends both,
-    letting deliveries already on the wire finish (bounded by `stop_grace`)."""
+    letting deliveries already on the wire finish (bounded by `stop_grace`).
+
+    `agent_concurrency` and `host_concurrency` (unset: half of `concurrency`, at least 1) bound
+    the deliveries in flight per agent and per webhook host; `breaker_failures` failed deliveries
+    in a row pause an agent for `breaker_reset` seconds, doubling up to the kernel's
+    `dispatch_max_delay` (kernel/delivery_gate.py)."""
 
     def __init__(
         self,
@@ -107,9 +137,18 @@ class Dispatcher:
         stop_grace: float = 10.0,
         http: httpx.AsyncClient | None = None,
         run_blocking: Callable[..., Awaitable[Any]] | None = None,
+        agent_concurrency: int | None = None,
+        host_concurrency: int | None = None,
+        breaker_failures: int = 5,
+        breaker_reset: float = 5.0,
     ):
         if concurrency < 1:
             raise ValueError("dispatch concurrency must be at least 1")
+        share = max(1, concurrency // 2)
+        self.gate = DeliveryGate(agent_limit=min(agent_concurrency or share, concurrency),
+                                 host_limit=min(host_concurrency or share, concurrency),
+                                 breaker_failures=breaker_failures, breaker_reset=breaker_reset,
+                                 breaker_max=kernel.dispatch_max_delay)
         self.kernel = kernel
         self.concurrency = concurrency
         self.timeout = timeout
@@ -124,13 +163,15 @@ class Dispatcher:
         self._run_on = run_blocking
         self._active: set[asyncio.Task[None]] = set()
         # Verdicts of deliveries that left the wire, waiting to be recorded (in batches).
-        self._verdicts: list[tuple[Claim, bool, str | None]] = []
+        self._verdicts: list[Verdict] = []
         self._recording: set[asyncio.Task[None]] = set()
         self._recorders = 0
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.delivered = 0  # deliveries attempted by this replica (acked or failed)
+        self.outcomes: Counter[str] = Counter()  # by outcome (OUTCOMES), for /metrics
+        self._searched_empty = float("-inf")  # when reading past full agents last found nothing
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -167,8 +208,16 @@ class Dispatcher:
         idle = self.concurrency - len(self._active)
         if idle <= 0:
             return 0
-        ids = await self._run_blocking(due_ids, self.kernel, idle)
+        shares = self.gate.shares()
+        full = any(room <= 0 for room in shares.room.values())
+        # Reading past the agents whose share is taken costs a lookup per due row: after one such
+        # read found nothing, the next waits for the poll interval (a wake after each delivery
+        # would repeat it hundreds of times a second behind a long queue).
+        search = full and time.monotonic() - self._searched_empty >= self.poll_interval
+        ids = await self._run_blocking(due_ids, self.kernel, idle, shares, search)
         if not ids:
+            if search:
+                self._searched_empty = time.monotonic()
             return 0
         # Disjoint chunks, claimed in parallel where the lane has threads for it (PostgreSQL), one
         # after the other on SQLite's one; each chunk's rows go on the wire as soon as it is claimed.
@@ -185,6 +234,10 @@ class Dispatcher:
                     failed = failed or exc
                     continue
                 for claim, agent in call.result():
+                    if not (claim.discarded or claim.exhausted):
+                        # Counted now, not when the task first runs: the next claim, before any
+                        # await, must see this agent's share as taken.
+                        self.gate.started(claim.agent_id, host_key(agent.webhook_url) if agent else "")
                     task = asyncio.create_task(self._deliver(claim, agent))
                     self._active.add(task)
                     task.add_done_callback(self._done)
@@ -250,15 +303,34 @@ class Dispatcher:
         if claim.discarded or claim.exhausted:
             return  # the claim itself recorded what happened; nothing goes on the wire
         self.delivered += 1
-        detail: str | None
-        if agent is None:
-            ok, detail = False, f"agent {claim.agent_id!r} not found"
-        else:
-            ok, detail = await self._post(claim, agent)
+        host = host_key(agent.webhook_url) if agent is not None else ""
+        ok, detail = False, None
+        try:
+            if agent is None:
+                detail, outcome = f"agent {claim.agent_id!r} not found", "agent_missing"
+            else:
+                ok, detail = await self._post(claim, agent, host)
+                outcome = outcome_of(ok, detail)
+        except Exception as exc:
+            # Whatever failed on the way out (a URL the client refuses, a header it cannot send, a
+            # fault of ours) is a failed delivery like a timeout: recorded and retried after
+            # back-off. Unrecorded, the row stayed in flight for the agent's whole lease (up to a day).
+            detail, outcome = failure_detail(exc), "error"
+            log.error("delivery of %s attempt %d to %s raised", claim.execution_id, claim.attempt,
+                      claim.agent_id, exc_info=exc)
+        except BaseException:
+            self.gate.finished(claim.agent_id, None)  # cut short (stop): the reaper re-queues the row
+            raise
+        paused = self.gate.finished(claim.agent_id, ok)
+        self.outcomes[outcome] += 1
         if not ok:
             log.warning("delivery of %s attempt %d to %s failed: %s", claim.execution_id, claim.attempt,
                         claim.agent_id, detail)
-        self._verdicts.append((claim, ok, detail))
+        if paused is not None:
+            log.warning("agent %s: %d failed deliveries in a row; none is sent to it for %gs, then one probe "
+                        "(its executions stay queued)", claim.agent_id, self.gate.breakers[claim.agent_id].failures,
+                        paused)
+        self._verdicts.append(Verdict(claim, ok, detail, paused))
         if self._recorders < MAX_RECORDERS:
             self._recorders += 1
             task = asyncio.create_task(self._record_verdicts())
@@ -288,15 +360,19 @@ class Dispatcher:
                 self._recorders += 1
                 await self._record_verdicts()
 
-    async def _post(self, claim: Claim, agent: Agent) -> tuple[bool, str | None]:
+    async def _post(self, claim: Claim, agent: Agent, host: str) -> tuple[bool, str | None]:
         """One delivery, bounded as a whole by `timeout` (httpx's own timeouts are per read: a
-        webhook trickling its headers, or a body that never ends, would hold a worker forever).
-        The answer's status is the verdict; its body is read up to MAX_ANSWER_BYTES, no more."""
+        webhook trickling its headers, or a body that never ends, would hold a worker forever),
+        the wait for a slot of the agent's host included. The answer's status is the verdict; its
+        body is read up to MAX_ANSWER_BYTES, no more."""
         body = webhook_body(claim)
         headers = webhook_headers(claim, agent.secret, body, self.kernel.replica_id)
         status: int | None = None
+        slot = False
         try:
             async with asyncio.timeout(self.timeout):
+                await self.gate.host_slot(host)
+                slot = True
                 async with self._http.stream("POST", agent.webhook_url, content=body, headers=headers,
                                              timeout=self.timeout) as resp:
                     status = resp.status_code
@@ -307,10 +383,13 @@ class Dispatcher:
                             break  # leaving the block closes this connection rather than reading on
         except (TimeoutError, httpx.TimeoutException):
             if status is None:
-                return False, f"timeout after {self.timeout:g}s"
+                return False, f"timeout after {self.timeout:g}s" + ("" if slot else " waiting for a slot of its host")
         except httpx.HTTPError as exc:
             if status is None:
-                return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                return False, failure_detail(exc)
+        finally:
+            if slot:
+                self.gate.release_host(host)
         if 200 <= status < 300:
             return True, None
         return False, f"HTTP {status}"
@@ -321,10 +400,17 @@ class Dispatcher:
         return await anyio.to_thread.run_sync(fn, *args)
 
 
-def _record_all(k: Kernel, batch: list[tuple[Claim, bool, str | None]]) -> None:
-    for claim, ok, detail in batch:
+class Verdict(NamedTuple):
+    claim: Claim
+    ok: bool
+    detail: str | None
+    paused: float | None  # this failure opened the agent's breaker for so many seconds
+
+
+def _record_all(k: Kernel, batch: list[Verdict]) -> None:
+    for claim, ok, detail, paused in batch:
         try:
-            record_delivery(k, claim, ok, detail)
+            record_delivery(k, claim, ok, detail, breaker_open_seconds=paused)
         except Exception:
             # This row stays in flight; its lease runs out and the reaper re-queues it.
             log.exception("recording the delivery verdict for %s failed", claim.execution_id)
@@ -380,3 +466,10 @@ class DispatcherThread:
     @property
     def delivered(self) -> int:
         return self.dispatcher.delivered if self.dispatcher is not None else 0
+
+    def stats(self) -> dict[str, Any] | None:
+        """The delivery gate's figures and the outcome counts, for /metrics (any thread)."""
+        d = self.dispatcher
+        if d is None:
+            return None
+        return {**d.gate.stats(), "outcomes": dict(d.outcomes)}

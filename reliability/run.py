@@ -25,9 +25,11 @@ DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 # Each profile's sizes. The short one keeps the whole run well under 3 minutes for CI.
 PROFILES: dict[str, dict[str, int]] = {
     "short": {"r1_executions": 20, "r1_kills": 3, "r2_executions": 12, "r3_requests": 600,
-              "r4_clients": 50, "r4_seconds": 5, "r6_writes": 16, "r6_restarts": 1},
+              "r4_clients": 50, "r4_seconds": 5, "r6_writes": 16, "r6_restarts": 1,
+              "d1_queued": 200, "d1_healthy": 20},
     "full": {"r1_executions": 200, "r1_kills": 20, "r2_executions": 200, "r3_requests": 6000,
-             "r4_clients": 200, "r4_seconds": 30, "r6_writes": 200, "r6_restarts": 3},
+             "r4_clients": 200, "r4_seconds": 30, "r6_writes": 200, "r6_restarts": 3,
+             "d1_queued": 1000, "d1_healthy": 100},
 }
 
 
@@ -56,6 +58,8 @@ def _scenarios(p: dict[str, int], seed: int, pg_url: str, full: bool) -> list[tu
         ("R4", lambda tmp: [mod("overload").run(tmp, clients=p["r4_clients"], seconds=p["r4_seconds"])]),
         ("R5", lambda tmp: [mod("authmatrix").run(tmp)]),
         ("R6", lambda tmp: mod("deps").run(tmp, writes=p["r6_writes"], restarts=p["r6_restarts"])),
+        ("D1", lambda tmp: mod("fairness").run(tmp, pg_url=pg_url, queued=p["d1_queued"], healthy=p["d1_healthy"])),
+        ("D2", lambda tmp: [mod("longurl").run(tmp)]),
     ]
 
 

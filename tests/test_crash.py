@@ -12,8 +12,8 @@ second round of work, which replays the redelivered executions) we assert:
   with the same result, and a replay of the step answers that same result.
 
 Leases only come from the kernel's dispatcher (one process per SQLite file, so the test cannot
-claim through the core beside the server). When `regent serve` delivers nothing, the test skips
-and says so.
+claim through the core beside the server). When `regent serve` delivers nothing, dispatch is
+broken: the test fails under REGENT_REQUIRE_SERVICES=1 (CI) and skips, saying so, elsewhere.
 """
 
 from __future__ import annotations
@@ -45,11 +45,13 @@ TOKEN = "crash-test-token"
 AGENT = "crash-agent"
 SECRET = "crash-secret"
 TERMINAL_STEP_EVENTS = frozenset({"step.succeeded", "step.failed", "step.denied", "step.cancelled"})
-NO_DISPATCHER = (
-    "regent serve delivered no webhook within {wait:.0f} s of creating an execution: the dispatcher "
-    "is not wired into serve yet, and with one kernel process per SQLite file nothing else can "
-    "claim a lease"
+NO_DELIVERY = (
+    "regent serve delivered no webhook within {wait:.0f} s of creating an execution: its dispatcher "
+    "is broken or stalled (see the kernel log below), and with one kernel process per SQLite file "
+    "nothing else can claim a lease"
 )
+# How long the first webhook may take: a kernel that has just started on a loaded machine.
+FIRST_DELIVERY_SECONDS = 15.0
 
 
 # -- helpers shared with test_pg_concurrency ------------------------------------------------------
@@ -347,9 +349,12 @@ def test_kill_9_mid_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
             with httpx.Client(base_url=first.url, timeout=5) as http:
                 probe = create_execution(http)
                 created.append(probe)
-                got = receiver.wait_for(probe, timeout=4.0)
+                got = receiver.wait_for(probe, timeout=FIRST_DELIVERY_SECONDS)
                 if got is None:
-                    pytest.skip(NO_DISPATCHER.format(wait=4.0))
+                    why = NO_DELIVERY.format(wait=FIRST_DELIVERY_SECONDS) + f":\n{first.tail()}"
+                    if os.environ.get("REGENT_REQUIRE_SERVICES") == "1":
+                        pytest.fail(why + "\n— a failure because REGENT_REQUIRE_SERVICES=1")
+                    pytest.skip(why)
                 receiver.deliveries.put(got)
 
                 # Load: 4 loader threads work the leases while this thread keeps creating executions.

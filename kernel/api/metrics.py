@@ -6,7 +6,7 @@ the lane's figures are read when Prometheus scrapes, so they cost the hot path n
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
@@ -187,3 +187,55 @@ class _KernelCollector(Collector):
             yield CounterMetricFamily(name, help, value=getattr(shadow, attr, 0))
         yield GaugeMetricFamily("regent_shadow_backlog", "Steps observed for a shadow, not yet recorded.",
                                 value=shadow.backlog())
+
+
+# Agents named in a per-agent dispatch series; the rest are summed under `_other`.
+MAX_DISPATCH_AGENT_LABELS = 50
+
+
+class DispatchCollector(Collector):
+    """This replica's deliveries (kernel/dispatcher.py, kernel/delivery_gate.py), read at scrape
+    time: outcomes, what is in flight per agent, full agents and hosts, open breakers."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any] | None]):
+        self.stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        st = self.stats()
+        if st is None:
+            return
+        outcomes = CounterMetricFamily("regent_dispatch_deliveries", "Webhook deliveries by outcome: acked, "
+                                       "status (a non-2xx answer), timeout, connection, error (the delivery "
+                                       "raised), agent_missing.", labels=["outcome"])
+        for outcome, n in sorted(st["outcomes"].items()):
+            outcomes.add_metric([outcome], n)
+        yield outcomes
+        yield GaugeMetricFamily("regent_dispatch_in_flight", "Webhook deliveries on the wire (or waiting for a "
+                                "slot of their host).", value=st["in_flight"])
+        per_agent = GaugeMetricFamily("regent_dispatch_agent_in_flight", "Deliveries on the wire by agent "
+                                      "(REGENT_DISPATCH_AGENT_CONCURRENCY bounds each).", labels=["agent_id"])
+        for agent, n in _top(st["agents"]):
+            per_agent.add_metric([agent], n)
+        yield per_agent
+        yield GaugeMetricFamily("regent_dispatch_agents_full", "Agents with their whole share of delivery slots "
+                                "in flight.", value=st["agents_full"])
+        yield GaugeMetricFamily("regent_dispatch_hosts_full", "Webhook hosts with REGENT_DISPATCH_HOST_CONCURRENCY "
+                                "deliveries in flight.", value=st["hosts_full"])
+        yield CounterMetricFamily("regent_dispatch_host_waits", "Deliveries that waited for a slot of their "
+                                  "webhook host.", value=st["host_waits"])
+        open_now = st["breakers_open"]
+        yield GaugeMetricFamily("regent_dispatch_breakers_open", "Agents sent nothing after failed deliveries "
+                                "in a row (their executions wait).", value=len(open_now))
+        per_open = GaugeMetricFamily("regent_dispatch_breaker_open", "1 for each agent whose breaker is open.",
+                                     labels=["agent_id"])
+        for agent in open_now[:MAX_DISPATCH_AGENT_LABELS]:
+            per_open.add_metric([agent], 1)
+        yield per_open
+        yield CounterMetricFamily("regent_dispatch_breaker_opened", "Times an agent's breaker opened (a failed "
+                                  "probe opens it again).", value=st["breaker_opened"])
+
+
+def _top(counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    head, rest = ranked[:MAX_DISPATCH_AGENT_LABELS], ranked[MAX_DISPATCH_AGENT_LABELS:]
+    return head + ([(OTHER, sum(n for _, n in rest))] if rest else [])

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import re
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
+
+import idna
 
 from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
 from kernel.core.policies import Actor
@@ -36,15 +38,47 @@ AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
+# The longest webhook URL an agent may register. The delivery client refuses URLs past 64 KiB, and
+# one of ~64 KiB was accepted here and then failed every delivery; 2 048 characters is what
+# browsers and most proxies take, ample for a host, a path and a token.
+MAX_WEBHOOK_URL_CHARS = 2048
+# Characters no URL carries as they are: ASCII control characters, space and DEL (the delivery
+# client refuses them, so such a URL would fail every delivery).
+_NOT_IN_URL = re.compile("[\x00-\x20\x7f]")
+
+
+def validate_webhook_url(webhook_url: str) -> None:
+    """400 unless `webhook_url` is an http(s) URL the delivery client can send to, at most
+    MAX_WEBHOOK_URL_CHARS long."""
+    if len(webhook_url) > MAX_WEBHOOK_URL_CHARS:
+        raise ValidationError(f"validation error: webhook_url must be at most {MAX_WEBHOOK_URL_CHARS} characters "
+                              f"(got {len(webhook_url)})")
+    shown = webhook_url if len(webhook_url) <= 200 else webhook_url[:200] + "…"
+    bad = ValidationError(f"validation error: webhook_url must be an http(s) URL with a host, not {shown!r}")
+    if _NOT_IN_URL.search(webhook_url):
+        raise bad
+    try:
+        u = urlsplit(webhook_url)
+        u.port  # noqa: B018 - raises ValueError for a port that is not one (e.g. 99999, "x")
+        host = u.hostname
+    except ValueError:
+        raise bad from None
+    if u.scheme not in ("http", "https") or not host:
+        raise bad
+    if not host.isascii():
+        try:
+            idna.encode(host.lower())  # IDNA 2008, as the delivery client encodes a host name
+        except idna.IDNAError:
+            raise bad from None
+
+
 def validate_agent_fields(agent_id: str, webhook_url: str, secret: str) -> None:
     if AGENT_ID.fullmatch(agent_id) is None:
         raise ValidationError("validation error: id must be 1-200 characters: an ASCII letter or digit, then "
                               "letters, digits, '.', '_', '-', ':' or '@'")
     if _UNSTORABLE.search(webhook_url) or _UNSTORABLE.search(secret):
         raise ValidationError("validation error: webhook_url and secret must be valid Unicode without NUL")
-    u = urlparse(webhook_url)
-    if u.scheme not in ("http", "https") or not u.netloc:
-        raise ValidationError(f"validation error: webhook_url must be an http(s) URL, not {webhook_url!r}")
+    validate_webhook_url(webhook_url)
     if not secret:
         raise ValidationError("validation error: secret must not be empty")
 

@@ -6,7 +6,9 @@ rate-limit park) are `kernel.core.leases`'s."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from kernel.core import events as ev
@@ -33,6 +35,23 @@ class Claim:
     exhausted: bool = False  # attempt > max_attempts: the execution was failed instead
 
 
+@dataclass(frozen=True, slots=True)
+class Shares:
+    """How many more rows each agent may be claimed for now: `room` by agent id (0: none, its
+    share of deliveries is on the wire or its breaker is open), `default` for every other agent."""
+
+    default: int
+    room: Mapping[str, int] = field(default_factory=dict)
+
+    def of(self, agent_id: str) -> int:
+        return self.room.get(agent_id, self.default)
+
+
+# Queries one claim may read: a row left out for an agent whose share filled up is replaced by
+# the next query, which leaves that agent out in SQL.
+MAX_DUE_QUERIES = 4
+
+
 def claim_due(k: Kernel, limit: int) -> list[Claim]:
     """Claim up to `limit` due dispatches for this replica (clears occurrence counters).
 
@@ -42,10 +61,34 @@ def claim_due(k: Kernel, limit: int) -> list[Claim]:
     return claim_ids(k, due_ids(k, limit))
 
 
-def due_ids(k: Kernel, limit: int) -> list[str]:
-    """Up to `limit` due dispatch ids, oldest due first (not claimed yet: `claim_ids` re-checks)."""
+def due_ids(k: Kernel, limit: int, shares: Shares | None = None, search: bool = True) -> list[str]:
+    """Up to `limit` due dispatch ids, oldest due first, at most `shares.of(agent)` of each agent's
+    (not claimed yet: `claim_ids` re-checks). Oldest first across agents alone would hand every
+    slot to the agent with the longest queue: 200 rows of an agent whose webhook never answers
+    delayed another agent's deliveries by 23 s (tests/core/test_dispatch_fairness.py).
+
+    `search=False` reads only the oldest rows, without the query that reads past agents whose
+    share is taken (it costs a lookup per due row; the dispatcher runs it at most once a poll)."""
+    now = k.clock.now()
+    shares = shares or Shares(default=limit)
+    skip = {agent for agent, room in shares.room.items() if room <= 0}
+    taken: Counter[str] = Counter()
+    out: list[str] = []
     with k.store.transaction() as tx:
-        return tx.due_dispatch_ids(k.clock.now(), limit)
+        for _ in range(MAX_DUE_QUERIES if search else 1):
+            want = limit - len(out)
+            if want <= 0:
+                break
+            rows = tx.due_by_agent(now, want, skip if search else (), out)
+            for did, agent in rows:
+                if taken[agent] < shares.of(agent):
+                    out.append(did)
+                    taken[agent] += 1
+                if taken[agent] >= shares.of(agent):
+                    skip.add(agent)
+            if len(rows) < want:
+                break  # every due row was read
+    return out
 
 
 def claim_ids(k: Kernel, ids: list[str]) -> list[Claim]:
@@ -147,13 +190,16 @@ def _fail_exhausted(tx: Tx, execution_id: str, now: datetime) -> None:
     )
 
 
-def record_delivery(k: Kernel, claim: Claim, ok: bool, detail: str | None = None) -> None:
-    """The webhook answered (2xx → acked) or not (→ failed, backoff or exhaustion)."""
-    if _record_delivery(k, claim, ok, detail):
+def record_delivery(k: Kernel, claim: Claim, ok: bool, detail: str | None = None,
+                    breaker_open_seconds: float | None = None) -> None:
+    """The webhook answered (2xx → acked) or not (→ failed, backoff or exhaustion).
+    `breaker_open_seconds`: this failure paused deliveries to the agent for so long (noted on
+    the dispatch.failed event)."""
+    if _record_delivery(k, claim, ok, detail, breaker_open_seconds):
         _ended(k, claim.execution_id)
 
 
-def _record_delivery(k: Kernel, claim: Claim, ok: bool, detail: str | None) -> bool:
+def _record_delivery(k: Kernel, claim: Claim, ok: bool, detail: str | None, paused: float | None) -> bool:
     """True when the execution failed (its attempts ran out)."""
     now = k.clock.now()
     with k.store.transaction(lock=claim.execution_id) as tx:
@@ -164,7 +210,7 @@ def _record_delivery(k: Kernel, claim: Claim, ok: bool, detail: str | None) -> b
             tx.append(ex.id, now, [ev.dispatch(EventType.DISPATCH_ACKED, claim.dispatch_id, ex.id, "acked", claim.attempt)])
             return False
         tx.append(ex.id, now, [ev.dispatch(EventType.DISPATCH_FAILED, claim.dispatch_id, ex.id, "failed",
-                                           claim.attempt, error=detail)])
+                                           claim.attempt, error=detail, breaker_open_seconds=paused)])
         d = tx.get_dispatch(claim.dispatch_id)
         if d is None or d.status != DispatchStatus.IN_FLIGHT or d.attempt != claim.attempt or ex.status.is_terminal:
             return False  # the delivery lost its row meanwhile (blocked, parked, finished): verdict dropped

@@ -7,7 +7,7 @@ claim; `Tx` (sql.py) holds the queries.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -146,6 +146,45 @@ class SqlStore:
 
     def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]:
         return [r[0] for r in conn.execute(self.due_dispatch_query(now, limit)).all()]
+
+    @staticmethod
+    def due_by_agent_query(now: datetime, limit: int, skip_agents: Collection[str], skip_ids: Collection[str],
+                           lock: bool = False) -> Any:
+        """Due rows, oldest due first, leaving out the rows in `skip_ids`: (dispatch id, agent id)
+        without the agents in `skip_agents` (their share of deliveries is taken), or, when there
+        are none, (dispatch id, execution id); `lock`: FOR UPDATE SKIP LOCKED of the dispatch rows
+        (PostgreSQL)."""
+        c, e = t.dispatches.c, t.executions.c
+        due = (or_(c.status == DispatchStatus.PENDING.value, c.status == DispatchStatus.FAILED.value),
+               c.next_attempt_at <= now)
+        if skip_agents:
+            # Leaving agents out needs every due row's agent: one primary-key lookup per due row
+            # before the sort (behind 10 000 rows of one left-out agent on SQLite, 11 ms against
+            # 5 ms for the query below), so the dispatcher runs it at most once per poll.
+            q = (select(c.id, e.agent_id).select_from(t.dispatches.join(t.executions, e.id == c.execution_id))
+                 .where(*due, e.agent_id.not_in(sorted(skip_agents))))
+            if skip_ids:
+                q = q.where(c.id.not_in(sorted(skip_ids)))
+            q = q.order_by(c.next_attempt_at, c.id).limit(limit)
+            return q.with_for_update(skip_locked=True, of=t.dispatches) if lock else q
+        # Otherwise the oldest rows, and then the agents of those rows only (`due_by_agent`).
+        q = select(c.id, c.execution_id).where(*due)
+        if skip_ids:
+            q = q.where(c.id.not_in(sorted(skip_ids)))
+        q = q.order_by(c.next_attempt_at, c.id).limit(limit)
+        return q.with_for_update(skip_locked=True) if lock else q
+
+    def due_by_agent(self, conn: Connection, now: datetime, limit: int, skip_agents: Collection[str],
+                     skip_ids: Collection[str], lock: bool = False) -> list[tuple[str, str]]:
+        rows = conn.execute(self.due_by_agent_query(now, limit, skip_agents, skip_ids, lock)).all()
+        if skip_agents:
+            return [(r[0], r[1]) for r in rows]
+        e = t.executions.c
+        agents: dict[str, str] = {}
+        if rows:
+            for eid, agent in conn.execute(select(e.id, e.agent_id).where(e.id.in_({r[1] for r in rows}))).all():
+                agents[eid] = agent
+        return [(r[0], agents[r[1]]) for r in rows if r[1] in agents]
 
     @contextmanager
     def leader(self, name: str) -> Iterator[bool]:

@@ -3,7 +3,7 @@ what `Tx`'s query mixins ask of `Tx`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,6 +29,9 @@ class Dialect(Protocol):
     ) -> None: ...
 
     def due_dispatch_ids(self, conn: Connection, now: datetime, limit: int) -> list[str]: ...
+
+    def due_by_agent(self, conn: Connection, now: datetime, limit: int, skip_agents: Collection[str],
+                     skip_ids: Collection[str], lock: bool = False) -> list[tuple[str, str]]: ...
 
 
 class TxPart:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -153,6 +153,12 @@ class PostgresStore(SqlStore):
         # SKIP LOCKED: replicas claiming at the same moment take disjoint rows instead of queueing.
         q = self.due_dispatch_query(now, limit).with_for_update(skip_locked=True)
         return [r[0] for r in conn.execute(q).all()]
+
+    def due_by_agent(self, conn: Connection, now: datetime, limit: int, skip_agents: Collection[str],
+                     skip_ids: Collection[str], lock: bool = True) -> list[tuple[str, str]]:
+        # SKIP LOCKED as above, of the dispatch rows only: the executions read for their agent
+        # stay unlocked.
+        return super().due_by_agent(conn, now, limit, skip_agents, skip_ids, lock=lock)
 
     @contextmanager
     def leader(self, name: str) -> Iterator[bool]:

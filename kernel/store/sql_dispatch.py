@@ -4,6 +4,7 @@ sweeps and the admin API. Mixed into `Tx` (sql.py), which supplies `store`, `con
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -101,6 +102,12 @@ class DispatchQueries(TxPart):
 
     def due_dispatch_ids(self, now: datetime, limit: int) -> list[str]:
         return self.store.due_dispatch_ids(self.conn, now, limit)
+
+    def due_by_agent(self, now: datetime, limit: int, skip_agents: Collection[str] = (),
+                     skip_ids: Collection[str] = ()) -> list[tuple[str, str]]:
+        """(dispatch id, agent id) of up to `limit` due rows, oldest due first, without the
+        agents in `skip_agents` and the rows in `skip_ids`."""
+        return self.store.due_by_agent(self.conn, now, limit, skip_agents, skip_ids)
 
     def expired_leases(self, now: datetime, default_lease_seconds: float, limit: int) -> list[tuple[str, str, float]]:
         """Up to `limit` in-flight rows whose lease has run out, soonest expiry first, as
