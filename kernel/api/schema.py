@@ -62,7 +62,8 @@ APPROVAL = _object(("id", "step_id", "execution_id", "status"),
                    message=TEXT, decided_by=TEXT, asserted_by=TEXT, rationale=TEXT,
                    timeout_at=TIME, created_at=TIME, decided_at=TIME)
 AGENT = _object(("id", "webhook_url", "registered_at"), id=TEXT, webhook_url=TEXT, registered_at=TIME,
-                policy_bundle=TEXT, lease_timeout_seconds={"type": "integer"}, description=TEXT)
+                policy_bundle=TEXT, lease_timeout_seconds={"type": "integer"}, description=TEXT,
+                input_schema=ANY, output_schema=ANY)
 POLICY = _object(("agent_id", "seq", "kind", "revision", "active", "created_at"),
                  agent_id=TEXT, seq={"type": "integer"}, kind=TEXT, revision=TEXT,
                  active={"type": "boolean"}, created_at=TIME, bundle=ANY)

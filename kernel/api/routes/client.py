@@ -19,7 +19,14 @@ from kernel.text import check_text
 
 router = APIRouter()
 _EXECUTION_STATUSES = frozenset(s.value for s in ExecutionStatus)
-_APPROVAL_STATUSES = frozenset(s.value for s in ApprovalStatus) | {"all"}
+_APPROVAL_STATUSES = frozenset(s.value for s in ApprovalStatus)
+# Filters are exact matches, so a status no row can have matches nothing: 200 with an empty list
+# (rebuno-v0 §7.2), answered without a query. The schema names the known values but does not
+# restrict them.
+_EXECUTION_STATUS_PARAM = {"type": "string", "description": "one of " + ", ".join(sorted(_EXECUTION_STATUSES))
+                           + "; any other value matches nothing"}
+_APPROVAL_STATUS_PARAM = {"type": "string", "default": "pending", "description": "one of "
+                          + ", ".join(sorted(_APPROVAL_STATUSES)) + " or all; any other value matches nothing"}
 
 
 class SpawnedBy(Strict):
@@ -99,7 +106,7 @@ async def create_execution(request: Request) -> Response:
 
 
 @router.get("/v0/executions", openapi_extra=schema.operation(answer=schema.EXECUTION_PAGE, query={
-    "agent_id": schema.TEXT, "status": {"type": "string", "enum": sorted(_EXECUTION_STATUSES)},
+    "agent_id": schema.TEXT, "status": _EXECUTION_STATUS_PARAM,
     "session": schema.TEXT, "parent": schema.ID, "cursor": schema.ID,
     "limit": {"type": "integer", "minimum": 1, "maximum": 200}}))
 async def list_executions(request: Request) -> Response:
@@ -111,7 +118,7 @@ async def list_executions(request: Request) -> Response:
     agent_id = agent_param(q["agent_id"]) if q.get("agent_id") else None
     status = q.get("status") or None
     if status is not None and status not in _EXECUTION_STATUSES:
-        raise ValidationError(f"validation error: status must be one of {', '.join(sorted(_EXECUTION_STATUSES))}")
+        return JSONResponse({"executions": []})
     rows, next_cursor, children = await call(
         executions.list_executions, kernel_of(request), agent_id, status, cursor, limit,
         check_session(q.get("session")), parent)
@@ -201,12 +208,12 @@ async def fork_points(execution_id: str, request: Request) -> Response:
 
 
 @router.get("/v0/approvals", openapi_extra=schema.operation(answer=schema.array(schema.APPROVAL), query={
-    "status": {"type": "string", "enum": ["pending", "granted", "denied", "expired", "all"]}}))
+    "status": _APPROVAL_STATUS_PARAM}))
 async def list_approvals(request: Request) -> Response:
     await call(auth_of(request).principal, request, "approvals:read")
     status = request.query_params.get("status") or "pending"
-    if status not in _APPROVAL_STATUSES:
-        raise ValidationError(f"validation error: status must be one of {', '.join(sorted(_APPROVAL_STATUSES))}")
+    if status != "all" and status not in _APPROVAL_STATUSES:
+        return JSONResponse([])
     rows = await call(approvals.list_approvals, kernel_of(request), None if status == "all" else status)
     return JSONResponse([approval_json(a) for a in rows])
 
