@@ -17,7 +17,6 @@ from kernel.api.metrics import ApiMetrics, ReplayCollector
 from kernel.api.routes import admin, agent, audit, client, ops, policies, shadow, stream
 from kernel.core.kernel import Kernel
 
-
 # Below about a TCP segment compression saves no packet and costs a compressor per answer.
 GZIP_MIN_BYTES = 1024
 # zlib's default level: on an inbox-like page of 283 KB of HTML (250 approvals) level 6 took 2.5 ms

@@ -57,8 +57,8 @@ DECISION = _object(
 )
 EVENT = _object(("execution_id", "event_seq", "type", "payload", "occurred_at"),
                 execution_id=ID, event_seq={"type": "integer"}, type=TEXT, payload=ANY, occurred_at=TIME)
-APPROVAL = _object(("id", "step_id", "execution_id", "status"),
-                   id=ID, step_id=TEXT, execution_id=ID, status=TEXT, approvers={"type": "array"},
+APPROVAL = _object(("id", "step_id", "execution_id", "status", "approvers"),
+                   id=ID, step_id=TEXT, execution_id=ID, status=TEXT, approvers={"type": "array", "items": TEXT},
                    message=TEXT, decided_by=TEXT, asserted_by=TEXT, rationale=TEXT,
                    timeout_at=TIME, created_at=TIME, decided_at=TIME)
 AGENT = _object(("id", "webhook_url", "registered_at"), id=TEXT, webhook_url=TEXT, registered_at=TIME,

@@ -12,6 +12,7 @@ from kernel.api.body import Name, Strict, parse_model, read_body
 from kernel.api.deps import agent_param, auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse, approval_json, event_json, execution_json
 from kernel.core import approvals, executions, forks
+from kernel.core.lifecycle import Canceller, check_rationale
 from kernel.domain import ApprovalStatus, ExecutionStatus
 from kernel.errors import ValidationError
 from kernel.identity import INT64_MAX, whole_number
@@ -153,11 +154,21 @@ async def list_events(execution_id: str, request: Request) -> Response:
     return JSONResponse([event_json(e) for e in rows])
 
 
-@router.post("/v0/executions/{execution_id}/cancel", openapi_extra=schema.operation(ok=204))
+class CancelBody(Strict):
+    rationale: Name | None = None  # why, in words; `execution.cancelled` records it with who
+
+
+@router.post("/v0/executions/{execution_id}/cancel",
+             openapi_extra=schema.operation(CancelBody, body_required=False, ok=204))
 async def cancel_execution(execution_id: str, request: Request) -> Response:
-    await call(auth_of(request).principal, request, "executions:write")
+    principal = await call(auth_of(request).principal, request, "executions:write")
     eid = uuid_param(execution_id, "execution id")
-    await call(executions.cancel_execution, kernel_of(request), eid)
+    # The official SDK sends no body (Rebuno reads none); `null`, `{}` and `{"rationale": "…"}`
+    # are accepted too.
+    raw = await _body(request)
+    body = parse_model(CancelBody, b"" if raw.strip() == b"null" else raw, allow_empty=True)
+    who = Canceller(principal.actor, principal.credential.value, check_rationale(body.rationale))
+    await call(executions.cancel_execution, kernel_of(request), eid, who=who)
     return Response(status_code=204)
 
 
