@@ -249,7 +249,8 @@ def build_runtime(settings: Settings) -> Runtime:
                                    spin_seconds=settings.rego_worker_spin_us / 1e6)
     )
     extra: dict[str, Any] = {"decision_log": decision_log} if decision_log is not None else {}
-    kernel = build_kernel(settings, store, policy=resolver, limiter=limiter, judge=judge, **extra)
+    kernel = build_kernel(settings, store, policy=resolver, limiter=limiter, judge=judge,
+                          pulled_bundles={s.agent_id: s.url for s in pulled}, **extra)
     # The shadows' workers are their own: a worker is never waited for (none idle is a fault).
     shadow_rego = LazyRegoEngine(size=settings.shadow_rego_workers, timeout=settings.rego_timeout,
                                  acquire_timeout=0.05, nice=settings.shadow_rego_nice,

@@ -191,10 +191,11 @@ class BundlePuller:
             return b"".join(chunks), r.headers.get("ETag"), 200
 
     def _activate(self, s: BundleSource, raw: bytes) -> str:
-        from kernel.core.policies import store_policy
+        from kernel.core.policies import puller, store_policy
 
         kind, content = bundle_content(s, raw)
-        rev = store_policy(self.k, s.agent_id, kind, content)  # the load gate; activates
+        # The load gate; activates, credited to the source in the policy audit trail.
+        rev = store_policy(self.k, s.agent_id, kind, content, puller(s.url))
         assert rev is not None  # bundle_content never yields the empty YAML text that clears
         return rev.revision
 

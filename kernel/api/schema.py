@@ -66,7 +66,9 @@ AGENT = _object(("id", "webhook_url", "registered_at"), id=TEXT, webhook_url=TEX
                 input_schema=ANY, output_schema=ANY)
 POLICY = _object(("agent_id", "seq", "kind", "revision", "active", "created_at"),
                  agent_id=TEXT, seq={"type": "integer"}, kind=TEXT, revision=TEXT,
-                 active={"type": "boolean"}, created_at=TIME, bundle=ANY)
+                 active={"type": "boolean"}, created_at=TIME, bundle=ANY, policy_hash=TEXT, created_by=TEXT,
+                 created_credential=TEXT, activated_at=TIME, activated_by=TEXT, activated_credential=TEXT,
+                 activated_via=TEXT)
 TEST_REPORT = _object(("results", "failed"), results={"type": "array"}, failed={"type": "integer"})
 STATUS = _object(("status",), status=TEXT)
 EXECUTION_PAGE = _object(("executions",), executions={"type": "array", "items": EXECUTION}, next_cursor=ID)
