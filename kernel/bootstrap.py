@@ -171,14 +171,16 @@ def build_judge(settings: Settings, manifest: Manifest | None, env: Mapping[str,
 
 
 def _args_mask(rules_text: str | None) -> Callable[[Any], Any] | None:
-    """The decision-log mask rules that fall under `/args`, applied to what a judge is sent, so a
-    field masked out of decision logs never reaches a model either."""
-    from kernel.decisionlog.mask import apply_masks, parse_mask_rules
+    """The decision-log mask rules that can reach into `/args` (those under it, and those that start
+    with a wildcard), applied to what a judge is sent, so a field masked out of decision logs
+    never reaches a model either. Nothing is added to the arguments (`upsert` sets only what is
+    there): the model is shown the step as it was, less what is masked."""
+    from kernel.decisionlog.mask import ANY_DEPTH, ANY_ONE, apply_masks, parse_mask_rules
 
-    rules = tuple(r for r in parse_mask_rules(rules_text) if r.path[:1] == ("args",))
+    rules = tuple(r for r in parse_mask_rules(rules_text) if r.path[0] in ("args", ANY_ONE, ANY_DEPTH))
     if not rules:
         return None
-    return lambda args: apply_masks({"input": {"args": args}}, rules)["input"].get("args")
+    return lambda args: apply_masks({"input": {"args": args}}, rules, create=False)["input"].get("args")
 
 
 def judge_hooks(judge: Any) -> list[Any]:
