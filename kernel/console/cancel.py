@@ -8,8 +8,8 @@ from starlette.responses import Response
 
 from kernel.api.threads import call
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, redirect, require, viewer
-from kernel.core import executions, timeline
-from kernel.core.lifecycle import Canceller, check_rationale
+from kernel.core import executions
+from kernel.core.lifecycle import Canceller, cancel_scope, check_rationale
 from kernel.errors import ValidationError
 from kernel.identity import parse_uuid
 
@@ -28,12 +28,9 @@ async def _confirm_page(request: Request, eid: str, status: int = 200, rationale
     v = await viewer(request)
     require(v, "executions:write")
     # The page names what a cancel ends: the execution, its pending approvals and executing steps.
-    t = await call(timeline.timeline, kernel_of(request), eid)
-    pending = [r.approval for r in t.rows if getattr(r, "approval", None) is not None
-               and r.approval.status.value == "pending"]
-    executing = [r for r in t.rows if getattr(r, "step", None) is not None and r.step.status.value == "executing"]
-    return page(request, v, "cancel.html", status=status, section="executions", e=t.execution, pending=pending,
-                executing=executing, rationale=rationale, error=error)
+    scope = await call(cancel_scope, kernel_of(request), eid)
+    return page(request, v, "cancel.html", status=status, section="executions", e=scope.execution,
+                pending=scope.pending_approvals, executing=scope.executing_steps, rationale=rationale, error=error)
 
 
 @router.get("/console/executions/{execution_id}/cancel")

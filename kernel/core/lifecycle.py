@@ -42,6 +42,22 @@ def check_rationale(text: str | None) -> str | None:
     return text or None
 
 
+@dataclass(frozen=True, slots=True)
+class CancelScope:
+    """What a cancel of the execution would end, for a confirmation to name."""
+
+    execution: Execution
+    pending_approvals: int
+    executing_steps: int
+
+
+def cancel_scope(k: Kernel, execution_id: str) -> CancelScope:
+    with k.store.read() as tx:
+        e = load_owned(tx, execution_id, None)
+        return CancelScope(e, len(tx.list_approvals("pending", execution_id=e.id)),
+                           len(tx.steps_in_status(e.id, StepStatus.EXECUTING)))
+
+
 def load_owned(tx: Tx, execution_id: str, agent_id: str | None) -> Execution:
     """The execution, checked to belong to the calling agent (None = a client principal)."""
     return owned(tx.get_execution(execution_id), agent_id)
