@@ -117,7 +117,7 @@ async def list_executions(request: Request) -> Response:
     cursor = uuid_param(q["cursor"], "cursor") if q.get("cursor") else None
     parent = uuid_param(q["parent"], "parent") if q.get("parent") else None
     agent_id = agent_param(q["agent_id"]) if q.get("agent_id") else None
-    status = q.get("status") or None
+    status = check_text(q["status"], "status") if q.get("status") else None  # NUL: 400 (docs/api.md, "Text")
     if status is not None and status not in _EXECUTION_STATUSES:
         return JSONResponse({"executions": []})
     rows, next_cursor, children = await call(
@@ -222,7 +222,7 @@ async def fork_points(execution_id: str, request: Request) -> Response:
     "status": _APPROVAL_STATUS_PARAM}))
 async def list_approvals(request: Request) -> Response:
     await call(auth_of(request).principal, request, "approvals:read")
-    status = request.query_params.get("status") or "pending"
+    status = check_text(request.query_params.get("status") or "pending", "status")
     if status != "all" and status not in _APPROVAL_STATUSES:
         return JSONResponse([])
     rows = await call(approvals.list_approvals, kernel_of(request), None if status == "all" else status)
