@@ -120,3 +120,15 @@ def test_the_pullers_activations_are_credited_to_the_source_url(served: tuple[st
     revisions = httpx.get(f"{url}/v0/policies/payments/revisions", headers=AUTH).json()
     assert [(r["revision"], r["created_by"], r["activated_by"], r["activated_credential"]) for r in revisions] == [
         ("r1", source, source, "bundle"), ("r2", source, source, "bundle")]
+
+
+@pytest.mark.parametrize(("url", "named"), [
+    ("https://bundles.internal/bundles/p.tar.gz", "https://bundles.internal/bundles/p.tar.gz"),
+    ("https://user:s3cret@bundles.internal:8443/p.tar.gz", "https://bundles.internal:8443/p.tar.gz"),
+    ("https://s3.example/p.tar.gz?X-Amz-Signature=abc&X-Amz-Credential=k#frag", "https://s3.example/p.tar.gz"),
+    ("http://[::1]:9000/p.tar.gz", "http://[::1]:9000/p.tar.gz")],
+    ids=["plain", "user-info", "signed-url", "ipv6"])
+def test_the_trail_names_a_source_without_the_credentials_its_url_may_carry(url: str, named: str) -> None:
+    from kernel.core.policies import bundle_source
+
+    assert bundle_source(url) == named
