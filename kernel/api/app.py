@@ -67,6 +67,9 @@ def create_app(
     # least GZIP_MIN_BYTES: the console's pages and the API's lists, not a step's answer (the hot
     # routes are served ahead of the middleware stack, kernel/api/hot.py, and never reach this).
     # Event streams (text/event-stream) are never compressed or buffered: Starlette excludes them.
+    # The layer costs about 6 us of CPU on an answer below the minimum and about 40 us to compress
+    # 13 KB of JSON (a bare ASGI app, with and without it, side by side), against 1.7-2.1 ms for a
+    # step round trip, whose routes skip it anyway.
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=GZIP_LEVEL)
     # The routes go straight onto the app's router, the agent's hot routes first: `include_router`
     # keeps each router nested and matches every request against it twice (measured: a third of
