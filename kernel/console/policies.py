@@ -182,6 +182,7 @@ async def confirm_promote(agent_id: str, request: Request) -> Response:
 async def _promote_page(request: Request, agent_id: str, status: int = 200, error: str = "") -> Response:
     v = await viewer(request)
     require(v, "policies:write")
+    policies.refuse_if_pulled(kernel_of(request), agent_id, _actor(v), "promoting its shadow")
     ctx = await call(_overview, kernel_of(request), agent_id)
     if ctx["shadow"] is None or ctx["shadow"]["shadow"].status != "shadowing":
         raise NotFound(f"agent {agent_id!r} has no shadow bundle to promote")
