@@ -188,14 +188,16 @@ def build_judge(settings: Settings, manifest: Manifest | None, env: Mapping[str,
 
 
 def _args_mask(rules_text: str | None) -> Callable[[Any], Any] | None:
-    """The decision-log mask rules that fall under `/args`, applied to what a judge is sent, so a
-    field masked out of decision logs never reaches a model either."""
-    from kernel.decisionlog.mask import apply_masks, parse_mask_rules
+    """The decision-log mask rules that can reach into `/args` (those under it, and those that start
+    with a wildcard), applied to what a judge is sent, so a field masked out of decision logs
+    never reaches a model either. Nothing is added to the arguments (`upsert` sets only what is
+    there): the model is shown the step as it was, less what is masked."""
+    from kernel.decisionlog.mask import ANY_DEPTH, ANY_ONE, apply_masks, parse_mask_rules
 
-    rules = tuple(r for r in parse_mask_rules(rules_text) if r.path[:1] == ("args",))
+    rules = tuple(r for r in parse_mask_rules(rules_text) if r.path[0] in ("args", ANY_ONE, ANY_DEPTH))
     if not rules:
         return None
-    return lambda args: apply_masks({"input": {"args": args}}, rules)["input"].get("args")
+    return lambda args: apply_masks({"input": {"args": args}}, rules, create=False)["input"].get("args")
 
 
 def judge_hooks(judge: Any) -> list[Any]:
@@ -266,7 +268,8 @@ def build_runtime(settings: Settings) -> Runtime:
                                    spin_seconds=settings.rego_worker_spin_us / 1e6)
     )
     extra: dict[str, Any] = {"decision_log": decision_log} if decision_log is not None else {}
-    kernel = build_kernel(settings, store, policy=resolver, limiter=limiter, judge=judge, **extra)
+    kernel = build_kernel(settings, store, policy=resolver, limiter=limiter, judge=judge,
+                          pulled_bundles={s.agent_id: s.url for s in pulled}, **extra)
     # The shadows' workers are their own: a worker is never waited for (none idle is a fault).
     shadow_rego = LazyRegoEngine(size=settings.shadow_rego_workers, timeout=settings.rego_timeout,
                                  acquire_timeout=0.05, nice=settings.shadow_rego_nice,

@@ -62,6 +62,7 @@ class SourceStatus:
     state: str = "waiting"  # waiting (nothing activated yet) | active
     etag: str | None = None
     active_revision: str | None = None
+    policy_hash: str | None = None  # the content hash of the revision this source last activated
     activated_at: float | None = None
     last_attempt_at: float | None = None
     last_success_at: float | None = None
@@ -144,6 +145,13 @@ class BundlePuller:
         headers = {"Accept": "application/gzip, application/octet-stream"}
         if s.token:
             headers["Authorization"] = f"Bearer {s.token}"
+        if st.etag and not self._still_active(st):
+            # What this source served is no longer the agent's active revision (a replica not
+            # configured to pull it changed it, or the store was edited): a 304 would leave that
+            # standing until the server's bundle next changed, so fetch and activate it again.
+            log.warning("bundle for agent %s: the active revision is no longer the one %s served; "
+                        "activating it again", agent_id, s.url)
+            st.etag = None
         if st.etag:
             headers["If-None-Match"] = st.etag
         try:
@@ -155,7 +163,7 @@ class BundlePuller:
         if status != 200:
             return self._refuse(st, "download_error", f"HTTP {status} from {s.url}")
         try:
-            revision = self._activate(s, raw)
+            revision, policy_hash = self._activate(s, raw)
         except SignatureRefused as exc:
             return self._refuse(st, exc.reason, exc.message)
         except ValidationError as exc:
@@ -167,7 +175,7 @@ class BundlePuller:
             return self._refuse(st, "activation_error", f"{type(exc).__name__}: {exc}")
         with self._lock:
             changed = st.active_revision != revision or st.state != "active"
-            st.etag, st.active_revision, st.state = etag, revision, "active"
+            st.etag, st.active_revision, st.state, st.policy_hash = etag, revision, "active", policy_hash
             st.activated_at = time.time()
         if changed:
             log.info("bundle for agent %s activated: revision %s (from %s)", agent_id, revision, s.url)
@@ -190,13 +198,26 @@ class BundlePuller:
                 chunks.append(chunk)
             return b"".join(chunks), r.headers.get("ETag"), 200
 
-    def _activate(self, s: BundleSource, raw: bytes) -> str:
-        from kernel.core.policies import store_policy
+    def _still_active(self, st: SourceStatus) -> bool:
+        from kernel.core.policies import active_policy
+        from kernel.errors import NotFound
+
+        try:
+            return active_policy(self.k, st.agent_id).content_hash == st.policy_hash
+        except NotFound:
+            return False
+        except Exception:  # the store did not answer: keep polling as before (activating would fail too)
+            log.warning("bundle for agent %s: the active revision could not be read", st.agent_id, exc_info=True)
+            return True
+
+    def _activate(self, s: BundleSource, raw: bytes) -> tuple[str, str]:
+        from kernel.core.policies import puller, store_policy
 
         kind, content = bundle_content(s, raw)
-        rev = store_policy(self.k, s.agent_id, kind, content)  # the load gate; activates
+        # The load gate; activates, credited to the source in the policy audit trail.
+        rev = store_policy(self.k, s.agent_id, kind, content, puller(s.url))
         assert rev is not None  # bundle_content never yields the empty YAML text that clears
-        return rev.revision
+        return rev.revision, rev.content_hash
 
     def _succeeded(self, st: SourceStatus, outcome: str) -> bool:
         with self._lock:

@@ -342,10 +342,11 @@ def provision(k: Kernel, manifest: Manifest, apply: PolicyHook | None = None) ->
     """Upsert every listed agent (its stored policy kept), then store each bundle and shadow bundle
     (compiled first: a bundle that does not compile fails the boot naming the manifest and the
     agent). The same shadow again keeps its tallies; no `shadow_policy` leaves any shadow alone."""
-    from kernel.core.policies import MANIFEST, store_policy
+    from kernel.core.policies import Actor, store_policy
     from kernel.core.shadow import store_shadow
     from kernel.errors import ValidationError
 
+    by = Actor(str(manifest.path), "manifest")  # the policy audit trail names the manifest file
     for a in manifest.agents:
         register_agent(k, a.id, a.webhook_url, a.secret, a.lease_timeout_seconds, keep_policy=True)
         for source, shadow in ((a.policy_source, False), (a.shadow_source, True)):
@@ -358,9 +359,9 @@ def provision(k: Kernel, manifest: Manifest, apply: PolicyHook | None = None) ->
             try:
                 kind, content = policy_content(source)
                 if shadow:
-                    store_shadow(k, a.id, kind, content, MANIFEST)
+                    store_shadow(k, a.id, kind, content, by)
                 else:
-                    store_policy(k, a.id, kind, content, MANIFEST)
+                    store_policy(k, a.id, kind, content, by)
             except (ValidationError, OSError) as exc:
                 where = f"{source}" if isinstance(source, Path) else f"inline {'shadow_policy' if shadow else 'policy'}"
                 raise ConfigError(f"{manifest.path}: agent {a.id!r}: {where}: "

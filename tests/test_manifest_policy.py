@@ -73,7 +73,7 @@ def test_shadow_policy_file_and_inline_shadow_are_stored_once(governed: Kernel, 
 """)
     provision(governed, load_manifest(p))
     a = shadow.get_shadow(governed, "a")
-    assert (a.kind, a.content, a.status, a.created_by) == ("yaml", "default_action: deny\n", "shadowing", None)
+    assert (a.kind, a.content, a.status, a.created_by) == ("yaml", "default_action: deny\n", "shadowing", str(p))
     assert shadow.get_shadow(governed, "b").content == "default_action: deny\n"
     provision(governed, load_manifest(p))  # every boot: the same shadow, its tallies kept
     assert shadow.get_shadow(governed, "a").id == a.id

@@ -128,8 +128,10 @@ def approval_json(a: Approval) -> dict[str, Any]:
     return out
 
 
-def agent_json(a: Agent, policy_bundle: str | None = None) -> dict[str, Any]:
-    """Never includes the secret."""
+def agent_json(a: Agent, policy_bundle: str | None = None, *, schemas: bool = False) -> dict[str, Any]:
+    """Never includes the secret. `schemas`: also the input and output JSON Schemas the agent
+    published (`PUT /v0/agents/{id}/metadata`), as it sent them; only one agent's read carries
+    them (a list of agents stays small)."""
     out: dict[str, Any] = {
         "id": a.id,
         "webhook_url": a.webhook_url,
@@ -141,4 +143,8 @@ def agent_json(a: Agent, policy_bundle: str | None = None) -> dict[str, Any]:
         out["lease_timeout_seconds"] = a.lease_timeout_seconds
     if a.description:
         out["description"] = a.description
+    if schemas:
+        for key in ("input_schema", "output_schema"):
+            if getattr(a, key) is not None:
+                out[key] = getattr(a, key)
     return out

@@ -57,15 +57,18 @@ DECISION = _object(
 )
 EVENT = _object(("execution_id", "event_seq", "type", "payload", "occurred_at"),
                 execution_id=ID, event_seq={"type": "integer"}, type=TEXT, payload=ANY, occurred_at=TIME)
-APPROVAL = _object(("id", "step_id", "execution_id", "status"),
-                   id=ID, step_id=TEXT, execution_id=ID, status=TEXT, approvers={"type": "array"},
+APPROVAL = _object(("id", "step_id", "execution_id", "status", "approvers"),
+                   id=ID, step_id=TEXT, execution_id=ID, status=TEXT, approvers={"type": "array", "items": TEXT},
                    message=TEXT, decided_by=TEXT, asserted_by=TEXT, rationale=TEXT,
                    timeout_at=TIME, created_at=TIME, decided_at=TIME)
 AGENT = _object(("id", "webhook_url", "registered_at"), id=TEXT, webhook_url=TEXT, registered_at=TIME,
-                policy_bundle=TEXT, lease_timeout_seconds={"type": "integer"}, description=TEXT)
+                policy_bundle=TEXT, lease_timeout_seconds={"type": "integer"}, description=TEXT,
+                input_schema=ANY, output_schema=ANY)
 POLICY = _object(("agent_id", "seq", "kind", "revision", "active", "created_at"),
                  agent_id=TEXT, seq={"type": "integer"}, kind=TEXT, revision=TEXT,
-                 active={"type": "boolean"}, created_at=TIME, bundle=ANY)
+                 active={"type": "boolean"}, created_at=TIME, bundle=ANY, policy_hash=TEXT, created_by=TEXT,
+                 created_credential=TEXT, activated_at=TIME, activated_by=TEXT, activated_credential=TEXT,
+                 activated_via=TEXT)
 TEST_REPORT = _object(("results", "failed"), results={"type": "array"}, failed={"type": "integer"})
 STATUS = _object(("status",), status=TEXT)
 EXECUTION_PAGE = _object(("executions",), executions={"type": "array", "items": EXECUTION}, next_cursor=ID)

@@ -1,5 +1,5 @@
 """Executions: the list (filters, keyset paging, counts per status), one execution's timeline
-(live while it runs) and its cancel button."""
+(live while it runs); its cancel is `kernel.console.cancel`."""
 
 from __future__ import annotations
 
@@ -11,16 +11,14 @@ from starlette.responses import Response
 from kernel.api.threads import call
 from kernel.console.web import (
     ConsoleRoute,
-    form,
     fragment,
     kernel_of,
     page,
-    redirect,
     require,
     time_field,
     viewer,
 )
-from kernel.core import agents, executions, timeline
+from kernel.core import agents, timeline
 from kernel.domain import ExecutionStatus
 from kernel.errors import ValidationError
 from kernel.identity import parse_uuid, whole_number
@@ -97,12 +95,3 @@ async def timeline_live(execution_id: str, request: Request) -> Response:
     return fragment(request, "_timeline.html", headers={"X-Regent-Seq": str(seq), "X-Regent-Status": status},
                     t=t, viewer=v)
 
-
-@router.post("/console/executions/{execution_id}/cancel")
-async def cancel(execution_id: str, request: Request) -> Response:
-    v = await viewer(request)
-    await form(request, v)
-    require(v, "executions:write")
-    eid = _uuid(execution_id, "execution id")
-    await call(executions.cancel_execution, kernel_of(request), eid)
-    return redirect(request, f"/console/executions/{eid}")

@@ -1,6 +1,7 @@
-"""Policies: per agent, the active bundle's source with line numbers, its revision history with a
-diff between two revisions, re-activation, upload through the load gate, and the shadow bundle's
-report (docs/policy-rollout.md)."""
+"""Policies: per agent, the active bundle's source with line numbers, its revision history (who
+stored and who last activated each revision, and when) with a diff between two revisions,
+re-activation, upload through the load gate, and the shadow bundle's report with its promotion
+behind a confirmation page (docs/policy-rollout.md)."""
 
 from __future__ import annotations
 
@@ -76,8 +77,9 @@ def _overview(k: Any, agent_id: str | None) -> dict[str, Any]:
             report = shadow.shadow_report(k, chosen, samples=10, top=5)
         except NotFound:
             report = None  # no shadow was ever set for this agent
+    pulled = k.pulled_bundles.get(chosen) if chosen is not None else None
     return {"agents": known, "agent_id": chosen, "revisions": list(reversed(revisions)), "active": active,
-            "shadow": report}
+            "shadow": report, "pulled_from": policies.bundle_source(pulled) if pulled else None}
 
 
 async def _page(request: Request, agent_id: str | None, status: int = 200, **extra: Any) -> Response:
@@ -98,6 +100,8 @@ async def _page(request: Request, agent_id: str | None, status: int = 200, **ext
         notice = f"Stored revision #{stored}; it is active now."
     elif (activated := whole_number(q.get("activated"))) is not None:
         notice = f"Revision #{activated} is active again."
+    elif (promoted := whole_number(q.get("promoted"))) is not None:
+        notice = f"The shadow bundle was promoted: it is revision #{promoted}, active now."
     extra.setdefault("errors", [])
     extra.setdefault("uploaded", "")
     extra.setdefault("draft", "")
@@ -167,3 +171,31 @@ async def activate(agent_id: str, seq: int, request: Request) -> Response:
     require(v, "policies:write")
     await call(policies.activate_revision, kernel_of(request), agent_id, seq, _actor(v))
     return redirect(request, f"/console/policies?agent_id={agent_id}&activated={seq}")
+
+
+@router.get("/console/policies/{agent_id}/promote")
+async def confirm_promote(agent_id: str, request: Request) -> Response:
+    """The confirmation step of a promotion: what will decide from the next step on."""
+    return await _promote_page(request, agent_id)
+
+
+async def _promote_page(request: Request, agent_id: str, status: int = 200, error: str = "") -> Response:
+    v = await viewer(request)
+    require(v, "policies:write")
+    policies.refuse_if_pulled(kernel_of(request), agent_id, _actor(v), "promoting its shadow")
+    ctx = await call(_overview, kernel_of(request), agent_id)
+    if ctx["shadow"] is None or ctx["shadow"]["shadow"].status != "shadowing":
+        raise NotFound(f"agent {agent_id!r} has no shadow bundle to promote")
+    return page(request, v, "promote.html", status=status, section="policies", error=error, **ctx)
+
+
+@router.post("/console/policies/{agent_id}/promote")
+async def promote(agent_id: str, request: Request) -> Response:
+    v = await viewer(request)
+    fields = await form(request, v)
+    require(v, "policies:write")
+    if fields.get("confirm") != "yes":  # posted without the confirmation page's own button
+        return await _promote_page(request, agent_id, status=400,
+                                   error="Nothing was promoted: confirm on this page to promote the shadow bundle.")
+    r = await call(shadow.promote_shadow, kernel_of(request), agent_id, _actor(v))
+    return redirect(request, f"/console/policies?agent_id={agent_id}&promoted={r.seq}")

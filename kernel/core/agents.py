@@ -105,7 +105,10 @@ def register_agent(
             output_schema=existing.output_schema if existing else None,
         )
         tx.upsert_agent(agent)
-        cleared = not created and not keep_policy and tx.active_policy(agent_id) is not None
+        # A pulled agent's bundle is its bundle server's to change (core/policies.py): re-registering
+        # it keeps the active revision rather than leave the agent permissive until the source changes.
+        keep = keep_policy or agent_id in k.pulled_bundles
+        cleared = not created and not keep and tx.active_policy(agent_id) is not None
         if cleared:
             who = actor or Actor()
             tx.clear_policy(agent_id)

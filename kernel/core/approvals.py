@@ -44,6 +44,12 @@ class Principal:
         return Credential.DEV if self.dev else Credential.BOOTSTRAP
 
     @property
+    def actor(self) -> str:
+        """Who this is in an audit record: the key's name, else `bootstrap` (the shared token and
+        anonymous dev access alike; `credential` tells them apart)."""
+        return self.name if self.name is not None else Credential.BOOTSTRAP.value
+
+    @property
     def creator(self) -> str:
         """What an execution records as `created_by`: the key's id, else the credential."""
         return self.key_id if self.key_id is not None else self.credential.value
@@ -120,14 +126,14 @@ def decide_approval(
             tx.update_step(a.step_id, status=StepStatus.ALLOWED)
             out = [
                 ev.approval(EventType.APPROVAL_GRANTED, a, "granted", **extra),
-                ev.step(EventType.STEP_ALLOWED, a.step_id, kind, target),
+                ev.step(EventType.STEP_ALLOWED, a.step_id, kind, target, **ev.asked_fields(a)),
             ]
         else:
             error = _denial(rationale or "approval_denied", a)
             tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
             out = [
                 ev.approval(EventType.APPROVAL_DENIED, a, "denied", **extra),
-                ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error),
+                ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error, **ev.asked_fields(a)),
             ]
         outcome = DecisionOutcome.APPROVAL_GRANTED if grant else DecisionOutcome.APPROVAL_DENIED
         record = _record(k, a, outcome, now, e.agent_id, kind, target, who, credential, rationale or None)
@@ -201,7 +207,7 @@ def expire_approvals(k: Kernel, limit: int = 100) -> int:
             tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
             out = [
                 ev.approval(EventType.APPROVAL_EXPIRED, a, "expired", rationale="timeout"),
-                ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error),
+                ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error, **ev.asked_fields(a)),
             ]
             record = _record(k, a, DecisionOutcome.APPROVAL_EXPIRED, now, e.agent_id, kind, target, None, None,
                              "approval_timeout")

@@ -49,7 +49,8 @@ def approval_record(
     return DecisionRecord(
         id=new_uuid7(), agent_id=agent_id, execution_id=a.execution_id, step_id=a.step_id, kind=kind,
         target=target, decision=outcome, rule_id=a.rule_id or "", decided_at=now, reason=reason,
-        policy_kind="", policy_revision="", policy_hash=a.policy_hash or "", decided_by=decided_by,
+        policy_kind=a.policy_kind or "", policy_revision=a.policy_revision or "", policy_hash=a.policy_hash or "",
+        decided_by=decided_by,
         credential=credential,
     )
 

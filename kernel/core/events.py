@@ -39,6 +39,17 @@ def decision_fields(d: Decision) -> dict[str, Any]:
     return out
 
 
+def asked_fields(a: Approval) -> dict[str, Any]:
+    """The decision fields of the events that answer an approval (grant, deny, expiry, cancel):
+    those of the decision that asked for it, so every decision event names its rule and bundle."""
+    out: dict[str, Any] = {}
+    for key in ("rule_id", "policy_kind", "policy_revision", "policy_hash"):
+        value = getattr(a, key)
+        if value:
+            out[key] = value
+    return out
+
+
 def dispatch(typ: EventType, dispatch_id: str, execution_id: str, status: str, attempt: int, **extra: Any) -> Ev:
     payload: dict[str, Any] = {
         "dispatch_id": dispatch_id,

@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from kernel.core import events as ev
 from kernel.core.kernel import Kernel
 from kernel.core.leases import require_live_lease
-from kernel.core.lifecycle import cancel_in_tx, load_owned, owned, with_ancestors
+from kernel.core.lifecycle import Canceller, cancel_in_tx, load_owned, owned, with_ancestors
 from kernel.core.sessions import ended, start_or_queue
 from kernel.domain import (
     Event,
@@ -165,14 +165,16 @@ def list_events(k: Kernel, execution_id: str, after_seq: int, limit: int) -> lis
         return tx.list_events(execution_id, after_seq, limit)
 
 
-def cancel_execution(k: Kernel, execution_id: str, reason: str = "client_cancelled") -> None:
-    """Cancel; its live children (and theirs) are cancelled after it, reason `parent_cancelled`."""
+def cancel_execution(k: Kernel, execution_id: str, reason: str = "client_cancelled",
+                     who: Canceller | None = None) -> None:
+    """Cancel, recording who and why; its live children (and theirs) are cancelled after it,
+    reason `parent_cancelled`."""
     now = k.clock.now()
     with k.store.transaction(lock=execution_id) as tx:
         e = load_owned(tx, execution_id, None)
         if e.status.is_terminal:
             raise ExecutionTerminal("execution is terminal")
-        cancel_in_tx(tx, e, now, reason)
+        cancel_in_tx(tx, e, now, reason, who)
     ended(k, dataclasses.replace(e, status=ExecutionStatus.CANCELLED))
 
 

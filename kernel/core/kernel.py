@@ -101,6 +101,9 @@ class Kernel:
     backlog_ttl: float = 0.5
     backlog: BacklogGauge = field(default_factory=lambda: BacklogGauge())
     decision_log: DecisionLog = field(default_factory=NoDecisionLog)
+    # Agents whose bundle is pulled from a bundle server: agent id → source URL. The source decides
+    # their active revision; the admin API's changes to it are refused (core/policies.py).
+    pulled_bundles: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.secrets.ttl = self.agent_cache_ttl

@@ -1,16 +1,23 @@
-"""Policy admin use cases: store a bundle revision (compiled first), read, list, re-activate."""
+"""Policy admin use cases: store a bundle revision (compiled first), read, list, re-activate; who
+and when each revision was stored and made active; the rule for agents whose bundle is pulled."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from kernel.core.kernel import Kernel
-from kernel.errors import NotFound, ValidationError
+from kernel.errors import Conflict, NotFound, ValidationError
+from kernel.store.sql_shadow import ACTIVATIONS
 from kernel.text import check_text
 
 MAX_REVISION_SEQ = 999_999_999  # a revision number any store column holds
+BUNDLE_PULL = "bundle"  # the credential of the bundle puller's activations; their actor is the source URL
+# How far back a revision history looks for who stored and activated each revision (per agent).
+MAX_TRAIL_EVENTS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +30,48 @@ class Actor:
     credential: str = "bootstrap"
 
 
-MANIFEST = Actor(None, "manifest")
+MANIFEST = Actor(None, "manifest")  # the provisioning manifest (provision names its file)
+
+
+def bundle_source(url: str) -> str:
+    """A bundle server URL as the audit trail names it: without user info, query or fragment,
+    which may carry a credential (a signed URL's signature)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def puller(url: str) -> Actor:
+    """The bundle puller acting for a source: its activations are credited to the URL."""
+    return Actor(bundle_source(url), BUNDLE_PULL)
+
+
+def refuse_if_pulled(k: Kernel, agent_id: str, actor: Actor, what: str) -> None:
+    """An agent whose bundle is pulled has one source of truth, its bundle server: no one else
+    changes which revision is active (docs/policy-rollout.md, "Pulled agents")."""
+    url = k.pulled_bundles.get(agent_id)
+    if url is not None and actor.credential != BUNDLE_PULL:
+        raise Conflict(f"conflict: agent {agent_id!r} pulls its bundle from {bundle_source(url)}, which decides its "
+                       f"active revision; {what} is refused (publish the bundle there, or stop pulling it)")
+
+
+@dataclass(frozen=True, slots=True)
+class Activation:
+    """One entry of the policy audit trail that stored or re-activated a revision."""
+
+    type: str  # policy.activated | policy.promoted | policy.rolled_back
+    at: datetime
+    actor: str | None
+    credential: str | None
+    via: str | None = None  # policy.activated: upload, reactivate, manifest, bundle_pull
+
+    @property
+    def by(self) -> str:
+        """Who, in one word: the key's name (or a bundle's source URL), else the credential."""
+        return self.actor or self.credential or "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +85,8 @@ class PolicyRevision:
     created_at: datetime
     # SHA-256 of `content`: the `policy_hash` of every decision this revision made (docs/audit.md)
     content_hash: str = ""
+    stored: Activation | None = None  # the trail entry that stored it (None: stored before the trail)
+    activated: Activation | None = None  # the latest that made it active
 
 
 def _to_revision(row: Any) -> PolicyRevision:
@@ -59,14 +109,20 @@ def rego_content(mapping_or_bundle: Any) -> str:
                       sort_keys=True, ensure_ascii=False)
 
 
+def _via(who: Actor) -> str:
+    return {"manifest": "manifest", BUNDLE_PULL: "bundle_pull"}.get(who.credential, "upload")
+
+
 def store_policy(k: Kernel, agent_id: str, kind: str, content: str,
                  actor: Actor | None = None) -> PolicyRevision | None:
     """Validate and store a new active revision. Empty YAML text clears the policy (permissive).
-    Each change of the active revision is an audit event (`policy.activated`, `policy.cleared`)."""
+    Each change of the active revision is an audit event (`policy.activated`, `policy.cleared`)
+    naming who (`actor`) and how (`via`)."""
     who = actor or Actor()
     with k.store.read() as tx:
         if tx.get_agent(agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
+    refuse_if_pulled(k, agent_id, who, "storing a bundle through the API" if content else "clearing its policy")
     now = k.clock.now()
     if kind == "yaml" and content == "":
         with k.store.transaction(lock=f"policy:{agent_id}") as tx:
@@ -81,8 +137,9 @@ def store_policy(k: Kernel, agent_id: str, kind: str, content: str,
             return _to_revision(active)  # same bundle again: no new revision
         seq = tx.add_policy_revision(agent_id, kind, revision, content, now)
         tx.add_policy_event(agent_id, "policy.activated", now, actor=who.name, credential=who.credential,
-                            seq=seq, payload={"kind": kind, "revision": revision})
-        return _to_revision(next(r for r in tx.list_policy_revisions(agent_id) if r.seq == seq))
+                            seq=seq, payload={"kind": kind, "revision": revision, "via": _via(who),
+                                              "from_seq": active.seq if active is not None else None})
+        return _with_trail(tx, agent_id, [next(r for r in tx.list_policy_revisions(agent_id) if r.seq == seq)])[0]
 
 
 def active_policy(k: Kernel, agent_id: str) -> PolicyRevision:
@@ -90,16 +147,43 @@ def active_policy(k: Kernel, agent_id: str) -> PolicyRevision:
         if tx.get_agent(agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
         row = tx.active_policy(agent_id)
-    if row is None:
-        raise NotFound(f"agent {agent_id!r} has no policy bundle")
-    return _to_revision(row)
+        if row is None:
+            raise NotFound(f"agent {agent_id!r} has no policy bundle")
+        return _with_trail(tx, agent_id, [row])[0]
 
 
 def list_revisions(k: Kernel, agent_id: str) -> list[PolicyRevision]:
+    """Every stored revision, oldest first, each with who stored it and who last made it active,
+    and when (from the policy audit trail)."""
     with k.store.read() as tx:
         if tx.get_agent(agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
-        return [_to_revision(r) for r in tx.list_policy_revisions(agent_id)]
+        return _with_trail(tx, agent_id, tx.list_policy_revisions(agent_id))
+
+
+def _with_trail(tx: Any, agent_id: str, rows: Iterable[Any]) -> list[PolicyRevision]:
+    revisions = [_to_revision(r) for r in rows]
+    if not revisions:
+        return revisions
+    stored: dict[int, Activation] = {}
+    activated: dict[int, Activation] = {}
+    for e in tx.policy_events(agent_id, MAX_TRAIL_EVENTS, ACTIVATIONS):  # newest first
+        if e.seq is None:
+            continue
+        a = Activation(e.type, e.occurred_at, e.actor, e.credential, _payload(e).get("via"))
+        activated.setdefault(int(e.seq), a)
+        stored[int(e.seq)] = a  # the oldest one wins: the entry that stored the revision
+    return [replace(r, stored=stored.get(r.seq), activated=activated.get(r.seq)) for r in revisions]
+
+
+def _payload(e: Any) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(e.payload or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def revision_by_hash(k: Kernel, agent_id: str, policy_hash: str) -> PolicyRevision:
@@ -149,7 +233,12 @@ def activate_revision(k: Kernel, agent_id: str, seq: int, actor: Actor | None = 
     with k.store.transaction(lock=f"policy:{agent_id}") as tx:
         if tx.get_agent(agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
-        if not tx.activate_policy_revision(agent_id, seq):
+        refuse_if_pulled(k, agent_id, who, f"re-activating revision {seq}")
+        active = tx.active_policy(agent_id)
+        row = next((r for r in tx.list_policy_revisions(agent_id) if r.seq == seq), None)
+        if row is None or not tx.activate_policy_revision(agent_id, seq):
             raise NotFound(f"agent {agent_id!r} has no revision {seq}")
         tx.add_policy_event(agent_id, "policy.activated", k.clock.now(), actor=who.name,
-                            credential=who.credential, seq=seq)
+                            credential=who.credential, seq=seq,
+                            payload={"kind": row.kind, "revision": row.revision, "via": "reactivate",
+                                     "from_seq": active.seq if active is not None else None})

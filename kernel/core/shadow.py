@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from kernel.core import decision_log as dlog
 from kernel.core.kernel import Kernel
-from kernel.core.policies import Actor, PolicyRevision, _to_revision
+from kernel.core.policies import Actor, PolicyRevision, _with_trail, refuse_if_pulled
 from kernel.core.ports import LimitOutcome, ShadowObservation
 from kernel.domain import Decision, PolicyInput, Verdict
 from kernel.domain.decision import ShadowRef, apply_budget
@@ -108,6 +108,7 @@ def promote_shadow(k: Kernel, agent_id: str, actor: Actor) -> PolicyRevision:
         sh = tx.current_shadow(agent_id)
         if sh is None:
             raise NotFound(f"agent {agent_id!r} has no shadow bundle to promote")
+        refuse_if_pulled(k, agent_id, actor, "promoting its shadow")
         old = tx.active_policy(agent_id)
         seq = tx.add_policy_revision(agent_id, sh.kind, sh.revision, sh.content, now)
         tx.end_shadows(agent_id, "promoted", now)
@@ -117,9 +118,9 @@ def promote_shadow(k: Kernel, agent_id: str, actor: Actor) -> PolicyRevision:
             payload={"revision": sh.revision, "kind": sh.kind, "from_seq": old.seq if old is not None else None,
                      "from_revision": old.revision if old is not None else None},
         )
-        row = next(r for r in tx.list_policy_revisions(agent_id) if r.seq == seq)
+        rev = _with_trail(tx, agent_id, [next(r for r in tx.list_policy_revisions(agent_id) if r.seq == seq)])[0]
     k.shadow.reload()
-    return _to_revision(row)
+    return rev
 
 
 def rollback_policy(k: Kernel, agent_id: str, actor: Actor) -> PolicyRevision:
@@ -129,6 +130,7 @@ def rollback_policy(k: Kernel, agent_id: str, actor: Actor) -> PolicyRevision:
     now = k.clock.now()
     with k.store.transaction(lock=f"policy:{agent_id}") as tx:
         _known_agent(tx, agent_id)
+        refuse_if_pulled(k, agent_id, actor, "rolling back")
         active = tx.active_policy(agent_id)
         current = int(active.seq) if active is not None else None
         target = _previous_activation(tx.policy_events(agent_id, 1000, ACTIVATIONS), current)
@@ -141,12 +143,12 @@ def rollback_policy(k: Kernel, agent_id: str, actor: Actor) -> PolicyRevision:
             raise Conflict(f"conflict: before the current revision agent {agent_id!r} had no policy bundle; "
                            "rollback never clears the policy (post an empty bundle to do that)")
         tx.activate_policy_revision(agent_id, int(target))
+        row = next(r for r in tx.list_policy_revisions(agent_id) if r.seq == target)
         tx.add_policy_event(
             agent_id, "policy.rolled_back", now, actor=actor.name, credential=actor.credential, seq=int(target),
-            payload={"from_seq": current, "to_seq": target},
+            payload={"from_seq": current, "to_seq": target, "kind": row.kind, "revision": row.revision},
         )
-        row = next(r for r in tx.list_policy_revisions(agent_id) if r.seq == target)
-    return _to_revision(row)
+        return _with_trail(tx, agent_id, [row])[0]
 
 
 _NONE_FOUND: Any = object()

@@ -416,11 +416,11 @@ def _record(
     timeout = cfg.timeout_seconds if cfg and cfg.timeout_seconds > 0 else k.approval_timeout
     a = Approval(
         id=new_uuid7(), step_id=sid, execution_id=e.id, status=ApprovalStatus.PENDING,
-        approvers=list(cfg.approvers) if cfg and cfg.approvers else None,
+        approvers=list(cfg.approvers) if cfg and cfg.approvers else [],
         message=(cfg.message or None) if cfg else None,
         timeout_at=now + timedelta(seconds=timeout), created_at=now,
         agent_id=e.agent_id, kind=req.kind, target=req.target, rule_id=d.rule_id, reason=d.reason or None,
-        policy_hash=d.policy_hash or None,
+        policy_hash=d.policy_hash or None, policy_kind=d.policy_kind.value, policy_revision=d.policy_revision,
     )
     tx.insert_step(row(StepStatus.AWAITING_APPROVAL), req.args_text)
     tx.insert_approval(a)

@@ -17,6 +17,9 @@ class ApprovalStatus(StrEnum):
     GRANTED = "granted"
     DENIED = "denied"
     EXPIRED = "expired"
+    # Ended because its execution was cancelled (rebuno-v0 §7.4 marks it `expired`; Regent says
+    # what happened, docs/api.md).
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +28,7 @@ class Approval:
     step_id: str
     execution_id: str
     status: ApprovalStatus
-    approvers: list[str] | None
+    approvers: list[str]  # empty: anyone may decide
     message: str | None
     timeout_at: datetime
     created_at: datetime
@@ -41,6 +44,8 @@ class Approval:
     rule_id: str | None = None
     reason: str | None = None
     policy_hash: str | None = None
+    policy_kind: str | None = None  # yaml | rego | none, as on the decision that asked
+    policy_revision: str | None = None
     args: Any = None
     args_truncated: bool = False
     args_chars: int = 0  # length of the recorded canonical JSON text of the arguments

@@ -31,6 +31,7 @@ class EventType(StrEnum):
     APPROVAL_GRANTED = "approval.granted"
     APPROVAL_DENIED = "approval.denied"
     APPROVAL_EXPIRED = "approval.expired"
+    APPROVAL_CANCELLED = "approval.cancelled"  # its execution was cancelled (Regent; Rebuno says expired)
     DISPATCH_QUEUED = "dispatch.queued"
     DISPATCH_ACKED = "dispatch.acked"
     DISPATCH_FAILED = "dispatch.failed"

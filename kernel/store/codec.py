@@ -158,7 +158,7 @@ def to_approval(r: Any) -> Approval:
         step_id=r.step_id,
         execution_id=r.execution_id,
         status=ApprovalStatus(r.status),
-        approvers=loads(r.approvers),
+        approvers=loads(r.approvers) or [],
         message=r.message,
         timeout_at=r.timeout_at,
         created_at=r.created_at,
@@ -172,6 +172,8 @@ def to_approval(r: Any) -> Approval:
         rule_id=getattr(r, "rule_id", None),
         reason=getattr(r, "reason", None),
         policy_hash=getattr(r, "policy_hash", None),
+        policy_kind=getattr(r, "policy_kind", None),
+        policy_revision=getattr(r, "policy_revision", None),
         credential=getattr(r, "credential", None),
         **_capped_args(getattr(r, "step_args", None)),
     )

@@ -233,6 +233,21 @@ def _judged_decisions(conn: Connection) -> None:
         conn.execute(text("CREATE INDEX ix_decisions_judged ON decisions (decided_at, id) WHERE judge IS NOT NULL"))
 
 
+def _approval_bundle(conn: Connection) -> None:
+    # 012 (docs/audit.md): the bundle that asked for an approval in full (its kind and revision
+    # beside its hash), so the events a grant, deny, expiry or cancel writes name it as every
+    # decision event does. Nullable columns; pending approvals are backfilled from the stored
+    # revision with their hash (the ones a later answer reads); decided ones keep what they have.
+    _add_columns(conn, "approvals", {"policy_kind": "VARCHAR(16)", "policy_revision": "TEXT"})
+    for column, source in (("policy_kind", "kind"), ("policy_revision", "revision")):
+        conn.execute(text(
+            f"UPDATE approvals SET {column} = (SELECT r.{source} FROM policy_revisions r"
+            " WHERE r.agent_id = approvals.agent_id AND r.content_hash = approvals.policy_hash"
+            " ORDER BY r.seq DESC LIMIT 1)"
+            f" WHERE status = 'pending' AND policy_hash IS NOT NULL AND {column} IS NULL"
+        ))
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
@@ -245,6 +260,7 @@ MIGRATIONS: list[Migration] = [
     Migration(9, "request signatures seen (the shared replay guard)", _request_signatures),
     Migration(10, "resources and checkpoints", _resources),
     Migration(11, "an index of judge rules' decision records", _judged_decisions),
+    Migration(12, "the bundle that asked for an approval: kind and revision", _approval_bundle),
 ]
 LATEST = MIGRATIONS[-1].version
 

@@ -147,7 +147,7 @@ class DispatchQueries(TxPart):
                 step_id=a.step_id,
                 execution_id=a.execution_id,
                 status=a.status.value,
-                approvers=codec.dumps_or_none(a.approvers),
+                approvers=codec.dumps_or_none(a.approvers or None),
                 message=a.message,
                 timeout_at=a.timeout_at,
                 created_at=a.created_at,
@@ -157,6 +157,8 @@ class DispatchQueries(TxPart):
                 rule_id=a.rule_id,
                 reason=a.reason,
                 policy_hash=a.policy_hash,
+                policy_kind=a.policy_kind,
+                policy_revision=a.policy_revision,
             )
         )
 

@@ -245,6 +245,8 @@ class ApprovalRow(SQLModel, table=True):
     rule_id: str | None = text_field()
     reason: str | None = text_field()
     policy_hash: str | None = Field(default=None, sa_column=Column(String(64)))
+    policy_kind: str | None = Field(default=None, sa_column=Column(String(16)))
+    policy_revision: str | None = text_field()
     # How the decider was identified: key | bootstrap | dev (docs/audit.md).
     credential: str | None = Field(default=None, sa_column=Column(String(16)))
 

@@ -89,7 +89,7 @@ def test_every_client_error_keeps_the_connection(server: ServerThread, running: 
     bad = [  # 400 (body, query, path), 401, 404, 405, 409, each on the same socket, then a 200
         b"POST /v0/executions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(dup), dup),
-        b"GET /v0/executions?status=bogus HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v0/executions?limit=bogus HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET /v0/agents/hel%00lo HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET /v0/executions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n\r\n",
         f"POST /v0/executions/{eid}/steps HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}".encode(),

@@ -162,7 +162,8 @@ def test_promote_then_rollback_each_change_the_next_decision(
     events = httpx.get(_url(server, "shell", "/events")).json()
     assert [(e["type"], e.get("credential")) for e in events[:2]] == [
         ("policy.rolled_back", "dev"), ("policy.promoted", "bootstrap")]
-    assert events[0]["payload"] == {"from_seq": before["seq"] + 1, "to_seq": before["seq"]}
+    assert events[0]["payload"] == {"from_seq": before["seq"] + 1, "to_seq": before["seq"],
+                                    "kind": "yaml", "revision": before["revision"]}
     assert events[1]["payload"]["from_seq"] == before["seq"]
     # A second rollback undoes the first (the promoted revision again).
     assert httpx.post(_url(server, "shell", "/rollback")).json()["seq"] == before["seq"] + 1

@@ -425,3 +425,25 @@ def test_a_bundle_server_trickling_its_body_is_cut_off_and_the_revision_kept(pul
         done.set()
         sock.close()
         puller.close()
+
+
+def test_a_bundle_whose_revision_was_changed_behind_the_pullers_back_is_activated_again(
+        pulled: Kernel, bundle_server: BundleServer, tmp_path: Path) -> None:
+    """A 304 means the server's bundle did not change, not that it is still active here: a change
+    made where the pull is not configured (another replica, the store itself) is undone at the
+    next poll instead of standing until the server's bundle next changes."""
+    from kernel.core.policies import store_policy
+
+    puller = BundlePuller(pulled, [source(bundle_server)])
+    try:
+        bundle_server.publish(bundle(tmp_path, "r1", sign=None))
+        assert puller.poll(AGENT) and puller.poll(AGENT)
+        assert [r["status"] for r in bundle_server.requests()] == [200, 304]
+        store_policy(pulled, AGENT, "yaml", "default_action: allow\nrules: []\n")  # this kernel pulls nothing
+        assert active_policy(pulled, AGENT).kind == "yaml"
+        assert puller.poll(AGENT)
+        assert bundle_server.requests()[-1] == {**bundle_server.requests()[-1], "status": 200, "if_none_match": None}
+        assert active_policy(pulled, AGENT).revision == "r1"
+        assert puller.poll(AGENT) and bundle_server.requests()[-1]["status"] == 304  # settled again
+    finally:
+        puller.close()

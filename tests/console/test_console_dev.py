@@ -148,13 +148,14 @@ def test_state_changing_post_without_the_csrf_token_is_refused(ck: ConsoleKernel
     assert ck.api.get(eid)["status"] == "blocked"
     # the right token from another site's page is refused too (its Origin names that site)
     [cookie] = [c for c in page.context.cookies() if c["name"] == "regent_console"]
+    page.click("text=Cancel execution…")  # the confirmation page holds the form and its token
     token = page.locator("input[name=csrf]").first.get_attribute("value")
-    r = httpx.post(f"{ck.url}/console/executions/{eid}/cancel", data={"csrf": token},
+    r = httpx.post(f"{ck.url}/console/executions/{eid}/cancel", data={"csrf": token, "confirm": "yes"},
                    cookies={"regent_console": cookie["value"]}, headers={"Origin": "https://evil.example"})
     assert r.status_code == 403 and "another site" in r.text
     assert ck.api.get(eid)["status"] == "blocked"
     # the same POST from the page's own form carries the token and is accepted
-    page.click("text=Cancel execution")
+    page.click("text=Yes, cancel the execution")
     page.locator("#execution-status", has_text="cancelled").wait_for()
     assert ck.api.get(eid)["status"] == "cancelled"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kernel.core import executions, steps, sweeps
+from kernel.core import approvals, executions, steps, sweeps
 from kernel.core.kernel import Kernel
 from kernel.domain import ApprovalConfig, Decision, PolicyInput, StepStatus, Verdict
 from kernel.identity import args_hash
@@ -68,7 +68,7 @@ def test_deadline_sweep_ignores_executions_without_a_deadline(kernel: Kernel, ru
     assert executions.get_execution(kernel, eid).status == "running"
 
 
-def test_deadline_sweep_expires_pending_approvals_of_a_blocked_execution(kernel: Kernel, running: Running) -> None:
+def test_deadline_sweep_cancels_pending_approvals_of_a_blocked_execution(kernel: Kernel, running: Running) -> None:
     kernel.deadline_timeout = 30
     kernel.policy = AskEveryone()
     eid, did, att = running.start()
@@ -76,8 +76,10 @@ def test_deadline_sweep_expires_pending_approvals_of_a_blocked_execution(kernel:
     advance(kernel, 31)
     assert sweeps.deadline_sweep(kernel, KEY) == 1
     kinds = [t for t, _ in events(kernel, eid)]
-    assert kinds[-3:] == ["execution.cancelled", "approval.expired", "step.denied"]
+    assert kinds[-3:] == ["execution.cancelled", "approval.cancelled", "step.denied"]
     assert executions.get_execution(kernel, eid).status == "cancelled"
+    (a,) = approvals.list_approvals(kernel, None)
+    assert a.status == "cancelled" and a.rationale == "execution_cancelled" and a.decided_by is None
 
 
 def test_deadline_sweep_handles_more_than_one_batch(kernel: Kernel, running: Running) -> None:

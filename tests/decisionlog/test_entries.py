@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kernel.core import approvals, steps
+from kernel.core import approvals, executions, steps
 from kernel.core.approvals import Principal
 from kernel.core.decisions import DecisionQuery, list_decisions
 from kernel.core.dispatch import claim_due, reap_expired_leases
@@ -179,3 +179,25 @@ def test_a_shadow_disagreement_entry_names_both_decisions_and_revisions(
     assert entry["result"]["decision"] == "deny" and entry["result"]["active"]["rule_id"] == "allow-transfers"
     assert entry["bundles"][f"{running.agent_id}#shadow"]["revision"] == "r2"
     assert entry["input"]["args"] == {"amount": 5000}  # masked like every entry
+
+
+def test_a_field_masked_anywhere_leaves_no_trace_in_the_entry(kernel: Kernel, running: Running,
+                                                            tmp_path: Path) -> None:
+    """`/args/iban` alone leaves the IBAN in `input.execution.input`; `/**/iban` takes it out of both
+    (docs/policy-rollout.md, "Masking")."""
+    path = tmp_path / "decisions.jsonl"
+    dl = DecisionLog([FileSink(str(path))], masks=parse_mask_rules("/**/iban"))
+    kernel.decision_log = dl
+    kernel.policy = BundleResolver(kernel.store)
+    store_policy(kernel, running.agent_id, "yaml", BUNDLE)
+    try:
+        eid, did, att = running.start({"payment": {"iban": "DE89370400440532013000", "amount": 5}})
+        steps.submit_step(kernel, running.agent_id, eid, did, att, req("read", {"iban": "DE89370400440532013000"}))
+        (entry,) = entries(kernel, path)
+    finally:
+        dl.close()
+    assert "DE89370400440532013000" not in json.dumps(entry)
+    assert entry["input"]["execution"]["input"] == {"payment": {"amount": 5}}
+    assert entry["erased"] == ["/input/args/iban", "/input/execution/input/payment/iban"]
+    # The kernel's own record keeps the value: masking is for what leaves it.
+    assert executions.get_execution(kernel, eid).input["payment"]["iban"] == "DE89370400440532013000"

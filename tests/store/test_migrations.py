@@ -355,3 +355,32 @@ def test_version_7_database_migrates_to_the_decision_journal_and_the_judged_inde
     with store.read() as tx:
         [r] = tx.list_decisions({}, since=None, until=None, before=None, limit=10)
     assert (r.id, r.judge) == ("d1", None)
+
+
+def test_version_11_database_migrates_and_pending_approvals_get_the_bundle_that_asked(empty_store: SqlStore) -> None:
+    """012 adds the asking bundle's kind and revision to approvals; pending ones are filled in from
+    the stored revision with their hash, decided ones are left as they are."""
+    from kernel.domain import Approval, ApprovalStatus
+
+    store = empty_store
+    migrate(store)
+    eid = new_uuid7()
+    with store.transaction() as tx:
+        tx.upsert_agent(Agent(id="a", webhook_url="http://127.0.0.1:9/h", secret="s", registered_at=T0))
+        tx.add_policy_revision("a", "yaml", "rev-1", "rules: []\n", T0)
+        digest = tx.active_policy("a").content_hash
+        tx.insert_execution(Execution(id=eid, agent_id="a", input=None, status=ExecutionStatus.BLOCKED,
+                                      created_at=T0, updated_at=T0))
+        for aid, status in (("00000000-0000-7000-8000-000000000001", ApprovalStatus.PENDING),
+                            ("00000000-0000-7000-8000-000000000002", ApprovalStatus.GRANTED)):
+            tx.insert_approval(Approval(id=aid, step_id="s" + aid[-1], execution_id=eid, status=status, approvers=[],
+                                        message=None, timeout_at=T0, created_at=T0, agent_id="a",
+                                        policy_hash=digest))
+    with store.engine.begin() as c:
+        for col in ("policy_kind", "policy_revision"):
+            c.execute(text(f"ALTER TABLE approvals DROP COLUMN {col}"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 11))
+    assert [m.version for m in migrate(store)] == list(range(12, LATEST + 1))
+    with store.read() as tx:
+        got = {a.id[-1]: (a.policy_kind, a.policy_revision) for a in tx.list_approvals(None, execution_id=eid)}
+    assert got == {"1": ("yaml", "rev-1"), "2": (None, None)}

@@ -44,7 +44,7 @@ async def list_agents(request: Request) -> Response:
 async def get_agent(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "agents:read")
     a = await call(agents.get_agent, kernel_of(request), agent_param(agent_id))
-    return JSONResponse(agent_json(a))
+    return JSONResponse(agent_json(a, schemas=True))
 
 
 @router.delete("/v0/agents/{agent_id}", openapi_extra=schema.operation(ok=204))

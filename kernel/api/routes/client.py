@@ -12,6 +12,7 @@ from kernel.api.body import Name, Strict, parse_model, read_body
 from kernel.api.deps import agent_param, auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse, approval_json, event_json, execution_json
 from kernel.core import approvals, executions, forks
+from kernel.core.lifecycle import Canceller, check_rationale
 from kernel.domain import ApprovalStatus, ExecutionStatus
 from kernel.errors import ValidationError
 from kernel.identity import INT64_MAX, whole_number
@@ -19,7 +20,14 @@ from kernel.text import check_text
 
 router = APIRouter()
 _EXECUTION_STATUSES = frozenset(s.value for s in ExecutionStatus)
-_APPROVAL_STATUSES = frozenset(s.value for s in ApprovalStatus) | {"all"}
+_APPROVAL_STATUSES = frozenset(s.value for s in ApprovalStatus)
+# Filters are exact matches, so a status no row can have matches nothing: 200 with an empty list
+# (rebuno-v0 §7.2), answered without a query. The schema names the known values but does not
+# restrict them.
+_EXECUTION_STATUS_PARAM = {"type": "string", "description": "one of " + ", ".join(sorted(_EXECUTION_STATUSES))
+                           + "; any other value matches nothing"}
+_APPROVAL_STATUS_PARAM = {"type": "string", "default": "pending", "description": "one of "
+                          + ", ".join(sorted(_APPROVAL_STATUSES)) + " or all; any other value matches nothing"}
 
 
 class SpawnedBy(Strict):
@@ -99,7 +107,7 @@ async def create_execution(request: Request) -> Response:
 
 
 @router.get("/v0/executions", openapi_extra=schema.operation(answer=schema.EXECUTION_PAGE, query={
-    "agent_id": schema.TEXT, "status": {"type": "string", "enum": sorted(_EXECUTION_STATUSES)},
+    "agent_id": schema.TEXT, "status": _EXECUTION_STATUS_PARAM,
     "session": schema.TEXT, "parent": schema.ID, "cursor": schema.ID,
     "limit": {"type": "integer", "minimum": 1, "maximum": 200}}))
 async def list_executions(request: Request) -> Response:
@@ -109,9 +117,9 @@ async def list_executions(request: Request) -> Response:
     cursor = uuid_param(q["cursor"], "cursor") if q.get("cursor") else None
     parent = uuid_param(q["parent"], "parent") if q.get("parent") else None
     agent_id = agent_param(q["agent_id"]) if q.get("agent_id") else None
-    status = q.get("status") or None
+    status = check_text(q["status"], "status") if q.get("status") else None  # NUL: 400 (docs/api.md, "Text")
     if status is not None and status not in _EXECUTION_STATUSES:
-        raise ValidationError(f"validation error: status must be one of {', '.join(sorted(_EXECUTION_STATUSES))}")
+        return JSONResponse({"executions": []})
     rows, next_cursor, children = await call(
         executions.list_executions, kernel_of(request), agent_id, status, cursor, limit,
         check_session(q.get("session")), parent)
@@ -146,11 +154,21 @@ async def list_events(execution_id: str, request: Request) -> Response:
     return JSONResponse([event_json(e) for e in rows])
 
 
-@router.post("/v0/executions/{execution_id}/cancel", openapi_extra=schema.operation(ok=204))
+class CancelBody(Strict):
+    rationale: Name | None = None  # why, in words; `execution.cancelled` records it with who
+
+
+@router.post("/v0/executions/{execution_id}/cancel",
+             openapi_extra=schema.operation(CancelBody, body_required=False, ok=204))
 async def cancel_execution(execution_id: str, request: Request) -> Response:
-    await call(auth_of(request).principal, request, "executions:write")
+    principal = await call(auth_of(request).principal, request, "executions:write")
     eid = uuid_param(execution_id, "execution id")
-    await call(executions.cancel_execution, kernel_of(request), eid)
+    # The official SDK sends no body (Rebuno reads none); `null`, `{}` and `{"rationale": "…"}`
+    # are accepted too.
+    raw = await _body(request)
+    body = parse_model(CancelBody, b"" if raw.strip() == b"null" else raw, allow_empty=True)
+    who = Canceller(principal.actor, principal.credential.value, check_rationale(body.rationale))
+    await call(executions.cancel_execution, kernel_of(request), eid, who=who)
     return Response(status_code=204)
 
 
@@ -201,12 +219,12 @@ async def fork_points(execution_id: str, request: Request) -> Response:
 
 
 @router.get("/v0/approvals", openapi_extra=schema.operation(answer=schema.array(schema.APPROVAL), query={
-    "status": {"type": "string", "enum": ["pending", "granted", "denied", "expired", "all"]}}))
+    "status": _APPROVAL_STATUS_PARAM}))
 async def list_approvals(request: Request) -> Response:
     await call(auth_of(request).principal, request, "approvals:read")
-    status = request.query_params.get("status") or "pending"
-    if status not in _APPROVAL_STATUSES:
-        raise ValidationError(f"validation error: status must be one of {', '.join(sorted(_APPROVAL_STATUSES))}")
+    status = check_text(request.query_params.get("status") or "pending", "status")
+    if status != "all" and status not in _APPROVAL_STATUSES:
+        return JSONResponse([])
     rows = await call(approvals.list_approvals, kernel_of(request), None if status == "all" else status)
     return JSONResponse([approval_json(a) for a in rows])
 

@@ -52,6 +52,15 @@ def _json(r: PolicyRevision, with_content: bool = True) -> dict[str, Any]:
         "active": r.active,
         "created_at": rfc3339(r.created_at),
     }
+    # Who stored it and who last made it active, and when (the policy audit trail; docs/audit.md).
+    if r.stored is not None:
+        out["created_by"] = r.stored.by
+        out["created_credential"] = r.stored.credential
+    if r.activated is not None:
+        out["activated_at"] = rfc3339(r.activated.at)
+        out["activated_by"] = r.activated.by
+        out["activated_credential"] = r.activated.credential
+        out["activated_via"] = r.activated.via or r.activated.type.removeprefix("policy.")
     if with_content:
         out["bundle"] = json.loads(r.content) if r.kind == "rego" else r.content
     return out
