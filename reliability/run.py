@@ -49,6 +49,24 @@ def _scenarios(p: dict[str, int], seed: int, pg_url: str, full: bool) -> list[tu
                                       executions=p["r1_executions"], kills=p["r1_kills"], seed=seed))
         return outs
 
+    def r10(tmp: Path) -> list[Outcome]:
+        from reliability.procs import scratch_database
+
+        atrest = mod("atrest")
+        outs = [atrest.run(tmp / "sqlite", db_url=f"sqlite:///{tmp}/sqlite/r10.db", label="SQLite")]
+        db = scratch_database(pg_url)
+        try:
+            url = db.__enter__()
+        except Exception as exc:
+            outs.append(Outcome("R10", "hostile values at rest (PostgreSQL)", tried=""))
+            outs[-1].skipped = f"no PostgreSQL at {pg_url}: {type(exc).__name__}"
+            return outs
+        try:
+            outs.append(atrest.run(tmp / "pg", db_url=url, label="PostgreSQL"))
+        finally:
+            db.__exit__(None, None, None)
+        return outs
+
     return [
         ("R1", r1),
         ("R2", lambda tmp: [mod("replicas").run(tmp, pg_url=pg_url, executions=p["r2_executions"])]),
@@ -56,6 +74,7 @@ def _scenarios(p: dict[str, int], seed: int, pg_url: str, full: bool) -> list[tu
         ("R4", lambda tmp: [mod("overload").run(tmp, clients=p["r4_clients"], seconds=p["r4_seconds"])]),
         ("R5", lambda tmp: [mod("authmatrix").run(tmp)]),
         ("R6", lambda tmp: mod("deps").run(tmp, writes=p["r6_writes"], restarts=p["r6_restarts"])),
+        ("R10", r10),
     ]
 
 
