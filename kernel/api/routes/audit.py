@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from kernel.api.body import Strict, parse_model
+from kernel.api.body import Name, Strict, parse_model
 from kernel.api.deps import auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse
 from kernel.api.routes.client import _body, _int_param
@@ -57,8 +57,8 @@ async def list_decisions(request: Request) -> Response:
 
 
 class CreateKeyBody(Strict):
-    name: str
-    scopes: list[str]
+    name: Name
+    scopes: list[Name]
     expires_at: str | None = None  # RFC 3339 with a zone
     expires_in: str | float | None = None  # seconds or a duration such as 720h
 
