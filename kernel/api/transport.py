@@ -13,6 +13,9 @@ uvicorn's httptools protocol, with three guards it does not have.
   `max_header_bytes` (request line and headers) the answer is 431 and the connection is closed.
 - **The error envelope.** A request the parser refuses is answered 400 with the API's
   `{code, message}` body instead of uvicorn's plain text.
+
+Both answers close the connection (docs/api.md): after them the server cannot tell where the next
+request on the stream begins, so reading on could only misparse it. Errors the API answers keep it.
 """
 
 from __future__ import annotations

@@ -134,3 +134,29 @@ def test_headers_past_64_kib_are_a_431_and_the_process_does_not_hold_them(served
 def test_a_request_the_parser_refuses_is_a_400_in_the_envelope(served: Kernel) -> None:
     status, body = _status_and_body(_answer(served.port, b"GET /v0/health HTTP/1.1\r\nHost x\r\n\r\n"))
     assert status == 400 and body["code"] == "validation_error"
+
+
+@pytest.mark.parametrize("request_bytes", [b"GET /v0/health HTTP/1.1\r\nHost x\r\n\r\n",
+                                           b"GET /v0/health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"],
+                         ids=["parser-400", "431"])
+def test_the_answers_written_before_the_api_announce_and_close_the_connection(served: Kernel,
+                                                                              request_bytes: bytes) -> None:
+    # docs/api.md: after these the stream cannot be read on, so the connection ends (EOF, not a
+    # timeout), while an error the API answers keeps it open (the next test's pair of requests).
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.settimeout(10)
+        with contextlib.suppress(OSError):
+            sock.sendall(request_bytes)
+        out = b""
+        while part := sock.recv(65536):
+            out += part
+    head = out.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith((b"http/1.1 400", b"http/1.1 431")) and b"connection: close" in head
+
+
+def test_an_error_the_api_answers_keeps_the_connection(served: Kernel) -> None:
+    with httpx.Client(base_url=served.url, timeout=10) as http:
+        first = http.post("/v0/executions", content=b"{", headers={"Content-Type": "application/json"})
+        second = http.get("/v0/health")
+        assert first.status_code in (400, 401) and second.status_code == 200
+        assert first.headers.get("connection", "").lower() != "close"
