@@ -117,6 +117,7 @@ class Walk:
         self.executions: dict[str, str] = {}  # hostile name → execution id
         self.steps: dict[str, list[str]] = {}  # execution id → step ids
         self.approvals: list[str] = []
+        self.document: Any = None  # the served OpenAPI document, read on first use
 
     def note(self, ok: bool, what: str) -> bool:
         if not ok:
@@ -132,7 +133,8 @@ class Walk:
         # json.dumps escapes every non-ASCII character, so a lone surrogate goes out as `\ud800`.
         return self.http.post(path, content=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
 
-    def get(self, path: str, **params: Any) -> httpx.Response | None:
+    def get(self, path: str, op: str | None = None, **params: Any) -> httpx.Response | None:
+        """GET `path`; with `op` (its path template) a 2xx body must match the served document."""
         self.reads += 1
         try:
             r = self.http.get(path, params=params or None)
@@ -140,7 +142,20 @@ class Walk:
             self.note(False, f"GET {path} {params}: {type(exc).__name__} (answer cut)")
             return None
         self.note(r.status_code < 500, f"GET {path} {params} → {r.status_code} {r.text[:120]!r}")
+        if op is not None and r.status_code < 300:
+            self.conforms("GET", op, r)
         return r
+
+    def conforms(self, method: str, op: str, r: httpx.Response) -> None:
+        import schemathesis
+
+        if self.document is None:
+            self.document = schemathesis.openapi.from_dict(self.http.get("/openapi.json").json())
+        try:
+            self.document[op][method].validate_response(r)
+        except BaseExceptionGroup as exc:  # schemathesis' FailureGroup
+            why = " | ".join(" ".join(str(e).split())[:240] for e in exc.exceptions)
+            self.note(False, f"{method} {op} → {r.status_code}: not as the document says: {why}")
 
 
 def store(w: Walk, hooks: Webhooks) -> None:
@@ -208,28 +223,29 @@ def _as_args(value: Any) -> Any:
 def walk_api(w: Walk) -> None:
     for name, eid in w.executions.items():
         value = HOSTILE[name]
-        r = w.get(f"/v0/executions/{eid}")
+        r = w.get(f"/v0/executions/{eid}", "/v0/executions/{execution_id}")
         if r is not None and r.status_code == 200:
             body = r.json()
             w.note(_same(body.get("input"), value), f"GET execution: input {name} read back differently")
             w.note(_same(body.get("output"), value), f"GET execution: output {name} read back differently")
-        r = w.get(f"/v0/executions/{eid}/steps")
+        r = w.get(f"/v0/executions/{eid}/steps", "/v0/executions/{execution_id}/steps")
         if r is not None and r.status_code == 200:
             args = [s.get("args") for s in r.json() if s.get("target") == "tool"]
             w.note(bool(args) and _same(args[0], _as_args(value)), f"GET steps: args {name} read back differently")
         for sid in w.steps.get(eid, []):
-            w.get(f"/v0/executions/{eid}/steps/{sid}")
+            w.get(f"/v0/executions/{eid}/steps/{sid}", "/v0/executions/{execution_id}/steps/{step_id}")
         for path in ("events", "previous", "fork-points", "resources"):
-            w.get(f"/v0/executions/{eid}/{path}")
-        w.get("/v0/decisions", execution_id=eid)
-    for path in ("/v0/executions", "/v0/decisions", "/v0/agents", f"/v0/agents/{AGENT}", "/v0/api-keys",
-                 f"/v0/policies/{AGENT}", f"/v0/policies/{AGENT}/revisions", f"/v0/policies/{AGENT}/events",
-                 "/metrics"):
-        w.get(path)
-    w.get("/v0/executions", limit=200)
-    w.get("/v0/approvals", status="all")
+            w.get(f"/v0/executions/{eid}/{path}", f"/v0/executions/{{execution_id}}/{path}")
+        w.get("/v0/decisions", "/v0/decisions", execution_id=eid)
+    for path in ("/v0/executions", "/v0/decisions", "/v0/agents", "/v0/api-keys", "/metrics"):
+        w.get(path, path)
+    for path in ("/v0/agents/{agent_id}", "/v0/policies/{agent_id}", "/v0/policies/{agent_id}/revisions",
+                 "/v0/policies/{agent_id}/events", "/v0/policies/{agent_id}/shadow/report"):
+        w.get(path.replace("{agent_id}", AGENT), path)
+    w.get("/v0/executions", "/v0/executions", limit=200)
+    w.get("/v0/approvals", "/v0/approvals", status="all")
     for aid in w.approvals:
-        w.get(f"/v0/approvals/{aid}")
+        w.get(f"/v0/approvals/{aid}", "/v0/approvals/{approval_id}")
 
 
 @contextmanager

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from kernel.api import schema
 from kernel.api.deps import auth_of, call, kernel_of
 from kernel.api.render import JSONResponse
 from kernel.api.routes.policies import _json as revision_json
@@ -107,7 +108,10 @@ async def delete_shadow(agent_id: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/v0/policies/{agent_id}/shadow/report")
+@router.get("/v0/policies/{agent_id}/shadow/report", openapi_extra=schema.operation(answer=schema.SHADOW_REPORT, query={
+    "shadow_id": {"type": "integer", "minimum": 1, "maximum": 2**62},
+    "samples": {"type": "integer", "minimum": 0, "maximum": 500},
+    "top": {"type": "integer", "minimum": 1, "maximum": 100}}))
 async def shadow_report(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write")
     sid = _int_param(request, "shadow_id", None, 1, 2**62)
@@ -131,7 +135,8 @@ async def rollback(agent_id: str, request: Request) -> Response:
     return JSONResponse(revision_json(r, with_content=False))
 
 
-@router.get("/v0/policies/{agent_id}/events")
+@router.get("/v0/policies/{agent_id}/events", openapi_extra=schema.operation(
+    answer=schema.array(schema.POLICY_EVENT), query={"limit": {"type": "integer", "minimum": 1, "maximum": 1000}}))
 async def policy_events(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write")
     limit = _int_param(request, "limit", 100, 1, 1000) or 100

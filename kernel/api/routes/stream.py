@@ -10,7 +10,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Strict, parse_model
+from kernel.api.body import Strict, parse_model, whole
 from kernel.api.deps import auth_of, call, kernel_of, long_lived, step_param, uuid_param
 from kernel.core import executions, steps
 from kernel.domain import StepStatus
@@ -24,7 +24,7 @@ DEFAULT_KEEPALIVE_SECONDS = 15.0
 
 
 class DeltaBody(Strict):
-    seq: int
+    seq: whole(0, MAX_SEQ)  # type: ignore[valid-type]
     data: str
 
 
