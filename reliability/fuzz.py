@@ -341,13 +341,14 @@ def counts(k: Kernel) -> tuple[int, int]:
     return agents, n
 
 
-def run(tmp: Path, *, requests: int, seed: int, seconds: float = 150.0) -> Outcome:
-    out = Outcome("R3", "fuzz (SQLite)", tried=f"schemathesis over /openapi.json, ≥ {requests} requests, "
+def run(tmp: Path, *, requests: int, seed: int, seconds: float = 150.0, db_url: str | None = None,
+        label: str = "SQLite") -> Outcome:
+    out = Outcome("R3", f"fuzz ({label})", tried=f"schemathesis over /openapi.json, ≥ {requests} requests, "
                                                  "signed agent routes; then the hand list")
     started = time.monotonic()
     rec = Receiver()
     manifest = write_manifest(tmp / "regent.yaml", {AGENT: rec.port})
-    k = Kernel(f"sqlite:///{tmp}/r3.db", tmp / "kernel.log", manifest=manifest,
+    k = Kernel(db_url or f"sqlite:///{tmp}/r3.db", tmp / "kernel.log", manifest=manifest,
                REGENT_DISPATCH_LEASE_TIMEOUT="1h", REGENT_DISPATCH_POLL_INTERVAL="50ms").start()
     try:
         with httpx.Client(base_url=k.url, headers=k.bearer(), timeout=30) as http:
