@@ -77,6 +77,16 @@ def _scenarios(p: dict[str, int], seed: int, pg_url: str, full: bool) -> list[tu
                 on_postgres(tmp, "R10", "hostile values at rest",
                             lambda d, url: atrest.run(d, db_url=url, label="PostgreSQL"))]
 
+    def r11(tmp: Path) -> list[Outcome]:
+        # The short profile posts the forms on SQLite only (each store costs a kernel's start,
+        # ~10 s of CI); the forms reach the store only through the checks both stores share.
+        forms = mod("forms")
+        outs = [forms.run(tmp / "sqlite", db_url=f"sqlite:///{tmp}/sqlite/r11.db", label="SQLite")]
+        if full:
+            outs.append(on_postgres(tmp, "R11", "hostile console forms",
+                                    lambda d, url: forms.run(d, db_url=url, label="PostgreSQL")))
+        return outs
+
     return [
         ("R1", r1),
         ("R2", lambda tmp: [mod("replicas").run(tmp, pg_url=pg_url, executions=p["r2_executions"])]),
@@ -85,6 +95,7 @@ def _scenarios(p: dict[str, int], seed: int, pg_url: str, full: bool) -> list[tu
         ("R5", lambda tmp: [mod("authmatrix").run(tmp)]),
         ("R6", lambda tmp: mod("deps").run(tmp, writes=p["r6_writes"], restarts=p["r6_restarts"])),
         ("R10", r10),
+        ("R11", r11),
     ]
 
 

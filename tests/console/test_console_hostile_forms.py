@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -84,3 +85,10 @@ def test_the_playground_still_decides_ordinary_args(session: tuple[httpx.Client,
     r = c.post("/console/playground", data={"csrf": csrf, "agent_id": running.agent_id, "kind": "tool_call",
                                             "target": "shell.run", "args": '{"n": 12345678901234567890}'})
     assert r.status_code == 200, r.text[:300]
+
+
+def test_every_console_form_holds_against_regent_serve(tmp_path: Path) -> None:
+    """R11 of `regent chaos`: each state-changing form, signed in, with hostile fields."""
+    from reliability import forms
+
+    assert forms.problems(tmp_path, f"sqlite:///{tmp_path}/regent.db") == []
