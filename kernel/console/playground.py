@@ -19,6 +19,7 @@ from kernel.core.policy_test import Candidate
 from kernel.domain import PolicyInput, StepKind
 from kernel.errors import NotFound, ValidationError
 from kernel.identity import MAX_DEPTH, canonical_json, whole_number
+from kernel.text import check_text
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 DEFAULTS = {"agent_id": "", "kind": "tool_call", "target": "", "args": "{}", "candidate_kind": "yaml", "candidate": "",
@@ -101,6 +102,9 @@ def _json_object(fields: dict[str, Any], key: str, name: str) -> dict[str, Any]:
 async def _fields(request: Request, v: Any) -> dict[str, Any]:
     data = await form(request, v)
     fields: dict[str, Any] = {key: str(data.get(key) or default) for key, default in DEFAULTS.items()}
+    # The agent id reaches the store (its bundle, its executions): NUL was a driver error, a 500,
+    # on PostgreSQL (R11 of regent chaos).
+    check_text(fields["agent_id"], "agent id")
     if fields["candidate_kind"] not in CANDIDATE_KINDS:
         raise ValidationError(f"validation error: a candidate is one of {', '.join(CANDIDATE_KINDS)}")
     upload = data.get("candidate_file")

@@ -74,3 +74,9 @@ def test_a_stream_seq_outside_int64_is_a_400(agent_client: AgentClient, running:
     _refused(r, f"0-{MAX_SEQ}")
     ok = agent_client.request("POST", f"/v0/executions/{eid}/steps/{sid}/stream", {"seq": MAX_SEQ, "data": "x"})
     assert ok.status_code == 204, ok.text[:300]
+
+
+@pytest.mark.parametrize("url", ["HTTP://\u00bc\U0001f60d]j", "http://[::1", "https://x]:80/"])
+def test_a_webhook_url_the_url_parser_refuses_is_a_400(server: ServerThread, url: str) -> None:
+    # R3's generated fuzz: urlparse raised ValueError ("Invalid IPv6 URL") past the check, a 500.
+    _refused(_post(server, "/v0/agents", {"id": "u", "webhook_url": url, "secret": "s"}), "webhook_url")

@@ -15,7 +15,7 @@ import pytest
 from kernel import console
 from kernel.api.app import create_app
 from kernel.core.kernel import Kernel
-from tests.conftest import Running
+from tests.conftest import Running, scratch_pg_database
 from tests.support import ServerThread
 
 HUGE_INT = "9" * 5000
@@ -80,6 +80,15 @@ def test_uploading_a_bundle_for_an_agent_id_no_store_can_hold_is_a_400(session: 
     assert r.status_code in (400, 404), r.text[:300]
 
 
+@pytest.mark.parametrize("path", ["/console/playground", "/console/playground/replay"])
+def test_a_playground_agent_id_no_store_can_hold_is_a_form_error(session: tuple[httpx.Client, str],
+                                                                 path: str) -> None:
+    # R11 on PostgreSQL: the NUL reached the store, a driver error, a 500 (SQLite matched nothing).
+    c, csrf = session
+    r = c.post(path, data={"csrf": csrf, "agent_id": "a\x00b", "kind": "tool_call", "target": "t", "args": "{}"})
+    assert r.status_code == 400 and "NUL" in r.text, r.text[:300]
+
+
 def test_the_playground_still_decides_ordinary_args(session: tuple[httpx.Client, str], running: Running) -> None:
     c, csrf = session
     r = c.post("/console/playground", data={"csrf": csrf, "agent_id": running.agent_id, "kind": "tool_call",
@@ -87,8 +96,16 @@ def test_the_playground_still_decides_ordinary_args(session: tuple[httpx.Client,
     assert r.status_code == 200, r.text[:300]
 
 
-def test_every_console_form_holds_against_regent_serve(tmp_path: Path) -> None:
+def test_every_console_form_holds_against_regent_serve_on_sqlite(tmp_path: Path) -> None:
     """R11 of `regent chaos`: each state-changing form, signed in, with hostile fields."""
     from reliability import forms
 
     assert forms.problems(tmp_path, f"sqlite:///{tmp_path}/regent.db") == []
+
+
+@pytest.mark.postgres
+def test_every_console_form_holds_against_regent_serve_on_postgresql(tmp_path: Path) -> None:
+    from reliability import forms
+
+    with scratch_pg_database("regent_forms", migrated=False) as url:
+        assert forms.problems(tmp_path, url) == []
