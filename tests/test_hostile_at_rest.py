@@ -36,3 +36,14 @@ def test_the_console_shows_a_value_nested_past_the_encoders_depth_by_its_size() 
     pretty = templates.filters["pretty"]
     assert pretty(deep).startswith("(a JSON value nested too deeply")
     assert pretty({"k": "\ud800\x00"}) == '{\n  "k": "\\ud800\\u0000"\n}'
+
+
+def test_every_printed_value_shows_a_lone_surrogate_as_its_escape_and_keeps_its_escaping() -> None:
+    import markupsafe
+
+    from kernel.console.web import templates
+
+    page = templates.from_string("{{ a }}|{{ b }}|{{ c|safe }}").render(
+        a="x\ud800<", b=markupsafe.Markup("<b>\ud800</b>"), c="<i>\udfff</i>")
+    assert page == "x\\ud800&lt;|<b>\\ud800</b>|<i>\\udfff</i>"
+    page.encode("utf-8")  # what failed before: the page could not be encoded

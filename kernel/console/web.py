@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 import jinja2
+import markupsafe
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -100,6 +101,8 @@ def _preview(value: Any, limit: int = 120) -> tuple[str, str | None]:
 def _finalize(value: Any) -> Any:
     """Every `{{ … }}` a template prints: text with a lone surrogate (an execution's stored
     string, a decision's reason quoting one) shown escaped instead of failing the page."""
+    if isinstance(value, markupsafe.Markup):  # already escaped: the escapes add no markup
+        return markupsafe.Markup(_visible(str(value)))
     return _visible(value) if isinstance(value, str) else value
 
 
