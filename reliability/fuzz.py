@@ -125,6 +125,11 @@ class Fuzzer:
         self.bad: list[str] = []  # ≥ 500, or a 4xx without the envelope, or a transport failure
         self.sent = 0
         self.last_status = 0
+        self.dropped = 0  # connections that ended without an answer
+        # Against the document: a 2xx body the schema does not describe, and a 400 for a request
+        # the generator drew from the schema (a client generated from it would send the same).
+        self.nonconforming: list[str] = []
+        self.refused: list[str] = []
 
     def step_ids(self, eid: str) -> list[str]:
         r = self.http.get(f"/v0/executions/{eid}/steps", headers=self.k.bearer())
@@ -190,6 +195,7 @@ class Fuzzer:
                 status = r.status_code
         except httpx.HTTPError as exc:
             self.bad.append(f"{op}: {type(exc).__name__}" + (" (after a 500: keep-alive reset)" if after_500 else ""))
+            self.dropped += 1
             self.last_status = 0
             self.http.close()
             self.http = httpx.Client(base_url=self.k.url, timeout=30)
@@ -201,6 +207,19 @@ class Fuzzer:
             self.bad.append(f"{op} → {status}{tag} {r.text[:60]!r} for {target[:80]!r} {body[:160]!r}")
         elif status >= 400 and not envelope_ok(r):
             self.bad.append(f"{op} → {status} without the envelope {r.text[:80]!r}")
+        elif status == 400 and r.json().get("code") == "validation_error":
+            self.refused.append(f"{op}: {r.json().get('message', '')[:120]} for {target[:80]!r} {body[:100]!r}")
+        elif status < 300 and r.headers.get("content-type", "").startswith("application/json"):
+            self.conforms(case, op, r)
+
+    def conforms(self, case: Any, op: str, r: httpx.Response) -> None:
+        from schemathesis.specs.openapi.checks import response_schema_conformance
+
+        try:
+            case.validate_response(r, checks=[response_schema_conformance])
+        except BaseExceptionGroup as exc:  # schemathesis' FailureGroup: what the document does not describe
+            why = " | ".join(" ".join(str(e).split())[:200] for e in exc.exceptions)
+            self.nonconforming.append(f"{op} → {r.status_code}: {why}")
 
 
 def fuzz(fz: Fuzzer, doc: dict[str, Any], requests: int, seconds: float) -> int:
@@ -322,13 +341,14 @@ def counts(k: Kernel) -> tuple[int, int]:
     return agents, n
 
 
-def run(tmp: Path, *, requests: int, seed: int, seconds: float = 150.0) -> Outcome:
-    out = Outcome("R3", "fuzz (SQLite)", tried=f"schemathesis over /openapi.json, ≥ {requests} requests, "
+def run(tmp: Path, *, requests: int, seed: int, seconds: float = 150.0, db_url: str | None = None,
+        label: str = "SQLite") -> Outcome:
+    out = Outcome("R3", f"fuzz ({label})", tried=f"schemathesis over /openapi.json, ≥ {requests} requests, "
                                                  "signed agent routes; then the hand list")
     started = time.monotonic()
     rec = Receiver()
     manifest = write_manifest(tmp / "regent.yaml", {AGENT: rec.port})
-    k = Kernel(f"sqlite:///{tmp}/r3.db", tmp / "kernel.log", manifest=manifest,
+    k = Kernel(db_url or f"sqlite:///{tmp}/r3.db", tmp / "kernel.log", manifest=manifest,
                REGENT_DISPATCH_LEASE_TIMEOUT="1h", REGENT_DISPATCH_POLL_INTERVAL="50ms").start()
     try:
         with httpx.Client(base_url=k.url, headers=k.bearer(), timeout=30) as http:
@@ -350,6 +370,9 @@ def run(tmp: Path, *, requests: int, seed: int, seconds: float = 150.0) -> Outco
         out.check("0 answers ≥ 500, every 4xx in the envelope, no reset",
                   not fz.bad, f"{len(fz.bad)}: {first(fz.bad, 2)}" if fz.bad else "", items=fz.bad)
         out.check("past validation (2xx answers)", two_xx > 0, f"{two_xx}")
+        out.check("every 2xx answer as the document describes it", not fz.nonconforming,
+                  f"{len(fz.nonconforming)}: {first(fz.nonconforming, 2)}" if fz.nonconforming else "",
+                  items=fz.nonconforming)
         out.check("kernel alive after", health == 200 and k.alive())
         failed = [f"{n} → {s} {d}" for n, s, d, ok in hand if not ok]
         out.check(f"hand list: a clear 4xx each ({len(hand)})", not failed, first(failed, 4), items=failed)
@@ -361,8 +384,14 @@ def run(tmp: Path, *, requests: int, seed: int, seconds: float = 150.0) -> Outco
         out.check("hand list wrote nothing", after[0] == before[0] and after[1] - before[1] == stored_big,
                   f"agents {before[0]}→{after[0]}, executions {before[1]}→{after[1]}", items=written or None)
         out.figures = {"requests": fz.sent, "operations": n_ops,
-                       "statuses": " ".join(f"{s}×{n}" for s, n in sorted(fz.statuses.items()))}
-        out.details = {"hand": hand, "bad": fz.bad[:50], "by_op": {o: dict(c) for o, c in fz.by_op.items()}}
+                       "statuses": " ".join(f"{s}×{n}" for s, n in sorted(fz.statuses.items())),
+                       "5xx": sum(n for s, n in fz.statuses.items() if s >= 500), "dropped": fz.dropped,
+                       "envelope violations": sum(1 for b in fz.bad if "without the envelope" in b),
+                       # Drawn from the schema yet refused: mostly rules no schema states (an agent
+                       # with no bundle, an unregistered resource, a fork past the last event).
+                       "schema-valid refused": len(fz.refused)}
+        out.details = {"hand": hand, "bad": fz.bad[:50], "by_op": {o: dict(c) for o, c in fz.by_op.items()},
+                       "nonconforming": fz.nonconforming, "refused": fz.refused}
     finally:
         k.stop()
         rec.close()

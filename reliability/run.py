@@ -51,15 +51,58 @@ def _scenarios(p: dict[str, int], seed: int, pg_url: str, full: bool) -> list[tu
                                       executions=p["r1_executions"], kills=p["r1_kills"], seed=seed))
         return outs
 
+    def on_postgres(tmp: Path, scenario: str, title: str, fn: Callable[[Path, str], Outcome]) -> Outcome:
+        """`fn(tmp/pg, url)` on a scratch database, or a SKIP naming the missing server."""
+        from reliability.procs import scratch_database
+
+        db = scratch_database(pg_url)
+        try:
+            url = db.__enter__()
+        except Exception as exc:
+            skipped = Outcome(scenario, f"{title} (PostgreSQL)")
+            skipped.skipped = f"no PostgreSQL at {pg_url}: {type(exc).__name__}"
+            return skipped
+        try:
+            return fn(tmp / "pg", url)
+        finally:
+            db.__exit__(None, None, None)
+
+    def r3(tmp: Path) -> list[Outcome]:
+        fuzz = mod("fuzz")
+        return [fuzz.run(tmp / "sqlite", requests=p["r3_requests"], seed=seed),
+                on_postgres(tmp, "R3", "fuzz", lambda d, url: fuzz.run(d, requests=p["r3_requests"], seed=seed,
+                                                                        db_url=url, label="PostgreSQL"))]
+
+    def r10(tmp: Path) -> list[Outcome]:
+        # The short profile walks SQLite only (CI's tests/test_hostile_at_rest.py walks both stores).
+        atrest = mod("atrest")
+        outs = [atrest.run(tmp / "sqlite", db_url=f"sqlite:///{tmp}/sqlite/r10.db", label="SQLite")]
+        if full:
+            outs.append(on_postgres(tmp, "R10", "hostile values at rest",
+                                    lambda d, url: atrest.run(d, db_url=url, label="PostgreSQL")))
+        return outs
+
+    def r11(tmp: Path) -> list[Outcome]:
+        # The short profile posts the forms on SQLite only (each store costs a kernel's start,
+        # ~10 s of CI); the forms reach the store only through the checks both stores share.
+        forms = mod("forms")
+        outs = [forms.run(tmp / "sqlite", db_url=f"sqlite:///{tmp}/sqlite/r11.db", label="SQLite")]
+        if full:
+            outs.append(on_postgres(tmp, "R11", "hostile console forms",
+                                    lambda d, url: forms.run(d, db_url=url, label="PostgreSQL")))
+        return outs
+
     return [
         ("R1", r1),
         ("R2", lambda tmp: [mod("replicas").run(tmp, pg_url=pg_url, executions=p["r2_executions"])]),
-        ("R3", lambda tmp: [mod("fuzz").run(tmp, requests=p["r3_requests"], seed=seed)]),
+        ("R3", r3),
         ("R4", lambda tmp: [mod("overload").run(tmp, clients=p["r4_clients"], seconds=p["r4_seconds"])]),
         ("R5", lambda tmp: [mod("authmatrix").run(tmp)]),
         ("R6", lambda tmp: mod("deps").run(tmp, writes=p["r6_writes"], restarts=p["r6_restarts"])),
         ("D1", lambda tmp: mod("fairness").run(tmp, pg_url=pg_url, queued=p["d1_queued"], healthy=p["d1_healthy"])),
         ("D2", lambda tmp: [mod("longurl").run(tmp)]),
+        ("R10", r10),
+        ("R11", r11),
     ]
 
 

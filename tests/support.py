@@ -103,3 +103,26 @@ class AgentClient:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def wait_until(predicate: Any, what: str, timeout: float = 10.0, every: float = 0.005) -> Any:
+    """Poll `predicate` until it is truthy (and return it), or fail after `timeout` seconds: the
+    tests wait for a state they can observe, never a fixed time."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+    return value
+
+
+async def until(predicate: Any, what: str, timeout: float = 10.0, every: float = 0.001) -> Any:
+    """`wait_until` for a coroutine: polls without blocking the event loop."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(every)
+    return value

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, WithJsonSchema
 from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import Request
 
@@ -28,8 +28,21 @@ def _name(value: str) -> str:
 
 
 # A string field that names something (ids, keys, secrets, URLs, targets): NUL and lone
-# surrogates are a 400 (docs/api.md, "Text").
-Name = Annotated[str, AfterValidator(_name)]
+# surrogates are a 400 (docs/api.md, "Text"). The served document says so (a lone surrogate has no
+# pattern every regex dialect reads alike, so only NUL), so a client built from it sends neither.
+NO_NUL = "^[^\\u0000]*$"
+Name = Annotated[str, AfterValidator(_name), WithJsonSchema({"type": "string", "pattern": NO_NUL})]
+
+
+def text_field(low: int, high: int | None, pattern: str = NO_NUL) -> Any:
+    """A Name of `low`-`high` characters, documented with its bounds (the route or core checks them)."""
+    bounds = {"minLength": low, **({"maxLength": high} if high is not None else {})}
+    return Annotated[str, AfterValidator(_name), WithJsonSchema({"type": "string", "pattern": pattern, **bounds})]
+
+
+def whole(low: int, high: int) -> Any:
+    """An integer documented with the bounds its route or the core checks."""
+    return Annotated[int, WithJsonSchema({"type": "integer", "minimum": int(low), "maximum": int(high)})]
 
 
 class Strict(BaseModel):

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -103,6 +104,11 @@ def install(app: FastAPI) -> None:
         return resp
 
     async def _internal(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, ClientDisconnect):
+            # The client went away before its body arrived whole: nothing failed here, and no
+            # one reads the answer. One line, no traceback (it was an ERROR with one, per hang-up).
+            log.info("client disconnected during %s %s", request.method, request.url.path)
+            return Response(status_code=400)
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         metrics.error("internal_error")
         return error_response("internal_error", "internal error")

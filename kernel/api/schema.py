@@ -55,6 +55,31 @@ DECISION = _object(
     resources={"type": "array", "items": _object(("key", "generation", "due"), key=TEXT,
                                                  generation={"type": "integer"}, due={"type": "boolean"})},
 )
+# What complete and fail answer: "recorded", or the first outcome again ("replay"), or the
+# execution ended meanwhile ("execution_terminal"). The submit answer's enum lacked "recorded".
+OUTCOME = _object(
+    ("decision",),
+    decision={"type": "string", "enum": ["recorded", "replay", "execution_terminal"]},
+    result=ANY, error=ANY,
+)
+NULLABLE_TEXT = {"type": ["string", "null"]}
+DECISION_RECORD = _object(
+    ("id", "agent_id", "execution_id", "kind", "target", "decision", "decided_at"),
+    id=TEXT, agent_id=TEXT, execution_id=ID, step_id=NULLABLE_TEXT, kind=TEXT, target=TEXT,
+    decision={"type": "string", "enum": ["allowed", "denied", "awaiting_approval", "rate_limited",
+                                         "approval_granted", "approval_denied", "approval_expired"]},
+    rule_id=NULLABLE_TEXT, decided_at=TIME, reason=TEXT, policy_kind=TEXT, policy_revision=TEXT,
+    policy_hash=TEXT, decided_by=TEXT, credential=TEXT, event_seq={"type": "integer"}, judge={"type": "object"},
+)
+DECISION_PAGE = _object(("decisions",), decisions={"type": "array", "items": DECISION_RECORD}, next_cursor=TEXT)
+POLICY_EVENT = _object(("id", "agent_id", "type", "occurred_at"), id=ANY, agent_id=TEXT, type=TEXT,
+                       seq={"type": "integer"}, shadow_id={"type": "integer"}, actor=TEXT, credential=TEXT,
+                       payload=ANY, occurred_at=TIME)
+SHADOW_REPORT = _object(("shadow", "samples"), shadow={"type": "object"}, samples={"type": "array"},
+                        top_targets={"type": "array"}, top_active_rules={"type": "array"},
+                        top_shadow_rules={"type": "array"})
+API_KEY = _object(("id", "name", "scopes", "created_at"), id=ID, name=TEXT, scopes={"type": "array", "items": TEXT},
+                  created_at=TIME, created_by=TEXT, expires_at=TIME, last_used_at=TIME, revoked_at=TIME, token=TEXT)
 EVENT = _object(("execution_id", "event_seq", "type", "payload", "occurred_at"),
                 execution_id=ID, event_seq={"type": "integer"}, type=TEXT, payload=ANY, occurred_at=TIME)
 APPROVAL = _object(("id", "step_id", "execution_id", "status", "approvers"),
@@ -124,7 +149,9 @@ def operation(
     return out
 
 
-_UUID_PARAMS = frozenset({"execution_id", "approval_id"})
+_UUID_PARAMS = frozenset({"execution_id", "approval_id", "key_id"})
+# Path parameters whose form the route checks (a 400 otherwise), said in the document.
+_PATTERNED_PARAMS = {"policy_hash": "^[0-9a-fA-F]{64}$", "step_id": "^[0-9a-fA-F]{1,64}$"}
 
 
 def install(app: FastAPI) -> None:
@@ -148,6 +175,8 @@ def install(app: FastAPI) -> None:
                 for param in op.get("parameters", []):
                     if param["in"] == "path" and param["name"] in _UUID_PARAMS:
                         param["schema"] = {**param["schema"], "format": "uuid"}
+                    elif param["in"] == "path" and param["name"] in _PATTERNED_PARAMS:
+                        param["schema"] = {**param["schema"], "pattern": _PATTERNED_PARAMS[param["name"]]}
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)

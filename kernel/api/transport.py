@@ -13,6 +13,9 @@ uvicorn's httptools protocol, with three guards it does not have.
   `max_header_bytes` (request line and headers) the answer is 431 and the connection is closed.
 - **The error envelope.** A request the parser refuses is answered 400 with the API's
   `{code, message}` body instead of uvicorn's plain text.
+
+Both answers close the connection (docs/api.md): after them the server cannot tell where the next
+request on the stream begins, so reading on could only misparse it. Errors the API answers keep it.
 """
 
 from __future__ import annotations
@@ -56,6 +59,11 @@ def guarded_protocol(read_timeout: float, max_header_bytes: int = MAX_HEADER_BYT
         deadline: asyncio.TimerHandle | None = None
         header_bytes = -1  # bytes of the current request's line and headers so far; -1: not reading them
         tail = b""  # the last bytes seen, so an end of headers split across two reads is found
+        # The current request's body has arrived whole. An answer may go out before (a 401, a body
+        # over the limit): the rest of the body then still arrives, and is not the next request's
+        # headers — counted as such, a 200 KB body made the next request a 431.
+        body_read = True
+        next_after_body = False  # the answer went out first: start the next request once it has
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -72,19 +80,28 @@ def guarded_protocol(read_timeout: float, max_header_bytes: int = MAX_HEADER_BYT
                     return
                 if end >= 0:
                     self.header_bytes = -1  # the rest is this request's body (or the next request)
+                    self.body_read = False
                 else:
                     self.tail = seen[-3:]
             super().data_received(data)
 
         def on_message_complete(self) -> None:
             self._disarm()  # the request is read: its handler may take as long as it takes
+            self.body_read = True
             super().on_message_complete()
+            if self.next_after_body and not self.transport.is_closing():
+                self.next_after_body = False
+                self._next_request()
 
         def on_response_complete(self) -> None:
             pipelined = bool(self.pipeline)  # a pipelined request is already read whole
             super().on_response_complete()
             if not pipelined and not self.transport.is_closing():
-                self._next_request()  # on this keep-alive connection
+                if self.body_read:
+                    self._next_request()  # on this keep-alive connection
+                else:  # the rest of the body is still to come, within the same deadline
+                    self.next_after_body = True
+                    self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -96,6 +113,9 @@ def guarded_protocol(read_timeout: float, max_header_bytes: int = MAX_HEADER_BYT
 
         def _next_request(self) -> None:
             self.header_bytes, self.tail = 0, b""
+            self._arm()
+
+        def _arm(self) -> None:
             self._disarm()
             if read_timeout > 0:
                 self.deadline = self.loop.call_later(read_timeout, self._expired)

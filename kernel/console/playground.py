@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
+from kernel.api.body import MAX_INT_DIGITS
 from kernel.api.threads import call
 from kernel.console.policies import gate_errors
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, require, viewer
@@ -17,7 +18,8 @@ from kernel.core import agents, playground
 from kernel.core.policy_test import Candidate
 from kernel.domain import PolicyInput, StepKind
 from kernel.errors import NotFound, ValidationError
-from kernel.identity import whole_number
+from kernel.identity import MAX_DEPTH, canonical_json, whole_number
+from kernel.text import check_text
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 DEFAULTS = {"agent_id": "", "kind": "tool_call", "target": "", "args": "{}", "candidate_kind": "yaml", "candidate": "",
@@ -33,12 +35,33 @@ def _input(fields: dict[str, str]) -> PolicyInput:
     if not fields["target"].strip():
         raise ValidationError("validation error: the step needs a target")
     try:
-        args = json.loads(fields["args"]) if fields["args"].strip() else None
+        args = form_json(fields["args"], "args") if fields["args"].strip() else None
     except json.JSONDecodeError as exc:
         raise ValidationError(f"validation error: args are not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     if args is not None and not isinstance(args, dict):
         raise ValidationError("validation error: args must be a JSON object")
     return PolicyInput(agent_id=fields["agent_id"], kind=kind, target=fields["target"].strip(), args=args)
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValidationError(f"validation error: an integer has more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def form_json(text: str, what: str) -> Any:
+    """A JSON field of a form, held to a step's bounds: integers of at most 4300 digits (Python's
+    own bound on int text; past it `json.loads` raised ValueError, a 500) and nesting of at most
+    MAX_DEPTH levels (past about 1000 it raised RecursionError; a step's args stop at 512)."""
+    if text.count("[") + text.count("{") > MAX_DEPTH:  # only then can it nest that deep
+        try:
+            canonical_json(text)  # iterative: measures any depth, words the error
+        except ValidationError as exc:
+            raise ValidationError(f"validation error: {what}: {exc.message.removeprefix('validation error: ')}") from None
+    try:
+        return json.loads(text, parse_int=_bounded_int)
+    except RecursionError:  # pragma: no cover - canonical_json refused it first
+        raise ValidationError(f"validation error: {what}: JSON nested deeper than {MAX_DEPTH}") from None
 
 
 def _candidate(fields: dict[str, Any]) -> tuple[Candidate | None, str]:
@@ -68,7 +91,7 @@ def _candidate(fields: dict[str, Any]) -> tuple[Candidate | None, str]:
 def _json_object(fields: dict[str, Any], key: str, name: str) -> dict[str, Any]:
     text = str(fields.get(key) or "")
     try:
-        value = json.loads(text) if text.strip() else {}
+        value = form_json(text, name) if text.strip() else {}
     except json.JSONDecodeError as exc:
         raise ValidationError(f"invalid policy bundle: {name}:{exc.lineno}:{exc.colno}: {exc.msg}") from None
     if not isinstance(value, dict):
@@ -79,6 +102,9 @@ def _json_object(fields: dict[str, Any], key: str, name: str) -> dict[str, Any]:
 async def _fields(request: Request, v: Any) -> dict[str, Any]:
     data = await form(request, v)
     fields: dict[str, Any] = {key: str(data.get(key) or default) for key, default in DEFAULTS.items()}
+    # The agent id reaches the store (its bundle, its executions): NUL was a driver error, a 500,
+    # on PostgreSQL (R11 of regent chaos).
+    check_text(fields["agent_id"], "agent id")
     if fields["candidate_kind"] not in CANDIDATE_KINDS:
         raise ValidationError(f"validation error: a candidate is one of {', '.join(CANDIDATE_KINDS)}")
     upload = data.get("candidate_file")

@@ -21,6 +21,7 @@ from kernel.core import agents, policies, shadow
 from kernel.core.policies import Actor, PolicyRevision
 from kernel.errors import NotFound, ValidationError
 from kernel.identity import whole_number
+from kernel.text import check_text
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 _LINE = re.compile(r"\bline (\d+)(?::(\d+))?: ")
@@ -149,6 +150,7 @@ async def upload(agent_id: str, request: Request) -> Response:
     v = await viewer(request)
     fields = await form(request, v)
     require(v, "policies:write")
+    check_text(agent_id, "agent id")  # a NUL reached PostgreSQL's TEXT column: a driver error, a 500
     text = str(fields.get("source") or "")
     upload_file = fields.get("file")
     raw, filename = None, "bundle.yaml"

@@ -4,6 +4,7 @@ cookie → a principal), scope and CSRF checks, and errors rendered as pages ins
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
@@ -12,6 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 import jinja2
+import markupsafe
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -51,22 +53,62 @@ def _iso(value: datetime | None) -> str:
     return "" if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+# Stored JSON values keep lone surrogates (docs/api.md, "Text"), which UTF-8 cannot carry: a page
+# that printed one raw failed to encode, and one such execution on the first page made
+# /console/executions a 500 for every user. Every value a template prints passes here.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _visible(text: str) -> str:
+    """`text` with each lone surrogate as its `\\uXXXX` escape (as JSON writes it), so the page encodes."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text
+
+
+def _json(value: Any, indent: int | None = None) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=True,
+                          separators=(",", ": ") if indent else (",", ":"))
+    except RecursionError:
+        # The indenting encoder recurses in Python, a frame a level; the C one (no indent) goes
+        # deeper. A value nested past both is shown by its size rather than failing the page.
+        if indent is None:
+            return f"(a JSON value nested too deeply to show, {type(value).__name__})"
+        return _json(value)
+    except ValueError:  # an integer past Python's digit bound cannot be written as text
+        return f"(a JSON value too large to show, {type(value).__name__})"
+    return _visible(text)
+
+
 def _pretty(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True)
+    return _json(value, indent=2)
 
 
 def _compact(value: Any, limit: int = 120) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    text = _json(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _preview(value: Any, limit: int = 120) -> tuple[str, str | None]:
     """(one-line text, the indented whole when the line had to be cut): a short value is shown
     as it is, a long one collapsed behind its first `limit` characters."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    text = _json(value)
     if len(text) <= limit:
         return text, None
     return text[: limit - 1] + "…", _pretty(value)
+
+
+def _finalize(value: Any) -> Any:
+    """Every `{{ … }}` a template prints: text with a lone surrogate (an execution's stored
+    string, a decision's reason quoting one) shown escaped instead of failing the page."""
+    if isinstance(value, markupsafe.Markup):  # already escaped: the escapes add no markup
+        return markupsafe.Markup(_visible(str(value)))
+    return _visible(value) if isinstance(value, str) else value
 
 
 def _duration(seconds: float) -> str:
@@ -86,6 +128,7 @@ templates = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
+    finalize=_finalize,
 )
 templates.filters.update(when=_when, iso=_iso, pretty=_pretty, compact=_compact, preview=_preview, duration=_duration, urlquote=quote)
 

@@ -36,6 +36,9 @@ def validate_lease(lease_timeout_seconds: int | None) -> int | None:
 # so it is a plain token: an ASCII letter or digit, then letters, digits and `. _ - : @`.
 AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# An HMAC key past the hash's block size (64 bytes) is hashed first, so length adds nothing; a
+# 1 MB secret was accepted, stored and read on every signed request (docs/api.md, "Bounds").
+MAX_SECRET_CHARS = 1024
 
 
 # The longest webhook URL an agent may register. The delivery client refuses URLs past 64 KiB, and
@@ -81,6 +84,8 @@ def validate_agent_fields(agent_id: str, webhook_url: str, secret: str) -> None:
     validate_webhook_url(webhook_url)
     if not secret:
         raise ValidationError("validation error: secret must not be empty")
+    if len(secret) > MAX_SECRET_CHARS:
+        raise ValidationError(f"validation error: secret must be at most {MAX_SECRET_CHARS} characters")
 
 
 def register_agent(

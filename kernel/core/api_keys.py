@@ -20,6 +20,7 @@ from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
 from kernel.errors import Forbidden, NotFound, ValidationError
 from kernel.identity import new_uuid7
+from kernel.text import check_text
 
 SCOPES = frozenset(
     {
@@ -35,6 +36,7 @@ SCOPES = frozenset(
     }
 )
 TOKEN_PREFIX = "rbk_"
+MAX_SCOPES = 64  # entries in a key's `scopes` (there are fewer scopes than this; duplicates allowed)
 _SECRET_CHARS = 43  # secrets.token_urlsafe(32)
 LAST_USED_EVERY_SECONDS = 60.0  # last_used_at is written at most this often per key and process
 
@@ -85,9 +87,13 @@ def create_key(
 
     `created_by`: the principal creating it (a scoped key may grant only scopes it holds itself),
     or a label such as "cli"."""
-    name = name.strip()
+    name = check_text(name, "name").strip()
     if not 0 < len(name) <= 200:
         raise ValidationError("validation error: name must be 1-200 characters")
+    if len(scopes) > MAX_SCOPES:  # 10 000 entries were accepted (and deduplicated) before
+        raise ValidationError(f"validation error: scopes must list at most {MAX_SCOPES} entries")
+    for s in scopes:
+        check_text(s, "scopes")
     wanted = sorted(set(scopes))
     if not wanted:
         raise ValidationError("validation error: scopes must name at least one scope")

@@ -22,8 +22,11 @@ from kernel.domain import (
     ExecutionStatus,
     StepStatus,
 )
-from kernel.errors import Conflict, Forbidden, NotFound
+from kernel.errors import Conflict, Forbidden, NotFound, ValidationError
 from kernel.store import Tx
+
+MAX_RATIONALE_CHARS = 10_000  # an approval's `rationale` (docs/api.md, "Bounds")
+MAX_DECIDED_BY_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,11 @@ def decide_approval(
 
     Returns the approval as it was asked (its context: agent, rule id, ...).
     """
+    # Both are stored and shown on every page listing the approval; a 5 MB rationale was accepted.
+    if len(decided_by) > MAX_DECIDED_BY_CHARS:
+        raise ValidationError(f"validation error: decided_by must be at most {MAX_DECIDED_BY_CHARS} characters")
+    if rationale is not None and len(rationale) > MAX_RATIONALE_CHARS:
+        raise ValidationError(f"validation error: rationale must be at most {MAX_RATIONALE_CHARS} characters")
     now = k.clock.now()
     with k.store.read() as tx:
         a0 = tx.get_approval(approval_id)

@@ -16,6 +16,7 @@ from kernel.api import threads
 from kernel.api.threads import Lane, call
 from kernel.bootstrap import build_runtime, default_core_threads
 from kernel.config import Settings
+from tests.support import until
 
 REQUEST = contextvars.ContextVar("request", default="none")
 
@@ -31,8 +32,7 @@ def test_a_cancelled_request_still_waits_for_its_use_case_to_finish() -> None:
 
     async def scenario() -> bool:
         task = asyncio.create_task(call(use_case))
-        while not started.is_set():
-            await asyncio.sleep(0.005)
+        await until(started.is_set, "the use case to start")
         task.cancel()
         try:
             await task
@@ -77,9 +77,10 @@ def test_calls_run_back_to_back_on_the_lane_thread_in_order() -> None:
 
 def test_a_call_queued_behind_a_stuck_one_goes_to_the_overflow_pool() -> None:
     lane = Lane(threads=1, stuck_after=0.02)
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
 
     def stuck() -> str:
+        entered.set()
         release.wait(5)
         return "stuck"
 
@@ -88,7 +89,7 @@ def test_a_call_queued_behind_a_stuck_one_goes_to_the_overflow_pool() -> None:
 
     async def scenario() -> tuple[str, float]:
         slow = asyncio.create_task(lane.call(stuck))
-        await asyncio.sleep(0.01)  # the lane thread is on `stuck` now
+        await until(entered.is_set, "the lane thread to be on `stuck`")
         t0 = time.monotonic()
         name = await lane.call(quick)
         waited = time.monotonic() - t0
@@ -108,13 +109,17 @@ def test_a_call_queued_behind_a_stuck_one_goes_to_the_overflow_pool() -> None:
 
 def test_a_call_cancelled_before_it_starts_never_runs() -> None:
     lane = Lane(threads=1, stuck_after=10.0)
-    release, ran = threading.Event(), threading.Event()
+    release, ran, entered = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        release.wait(5)
 
     async def scenario() -> None:
-        blocker = asyncio.create_task(lane.call(release.wait, 5))
-        await asyncio.sleep(0.01)
+        blocker = asyncio.create_task(lane.call(hold))
+        await until(entered.is_set, "the lane thread to be on the blocker")
         queued = asyncio.create_task(lane.call(ran.set))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # one loop turn: the task's first step puts the call on the queue
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):
             await queued
@@ -193,10 +198,11 @@ def test_a_call_that_goes_first_runs_before_those_queued_and_never_spills() -> N
     """The dispatcher's claims and verdicts (kernel/dispatcher.py): ahead of the queue, and kept
     on the lane even when it looks stuck, since on the pool they would race it for SQLite's lock."""
     lane = Lane(threads=1, stuck_after=0.02)
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
     order: list[str] = []
 
     def blocker() -> None:
+        entered.set()
         release.wait(5)
 
     def note(name: str) -> str:
@@ -205,39 +211,47 @@ def test_a_call_that_goes_first_runs_before_those_queued_and_never_spills() -> N
 
     async def scenario() -> tuple[str, list[str]]:
         first = asyncio.create_task(lane.call(blocker))
-        await asyncio.sleep(0.01)  # the lane thread is on `blocker`
+        await until(entered.is_set, "the lane thread to be on `blocker`")
         queued = [asyncio.create_task(lane.call(note, f"queued-{i}")) for i in range(3)]
-        await asyncio.sleep(0.05)  # the queued calls spill: the lane looks stuck
+        await until(lambda: lane.spilled == 3, "the queued calls to spill (the lane looks stuck)")
         urgent = asyncio.create_task(lane.call(note, "urgent", first=True))
-        await asyncio.sleep(0.05)  # still waiting: a call that goes first does not spill
+        await asyncio.sleep(0)  # queued ahead now
+        # A sentinel queued after it spills once its own stuck_after has passed, later than the
+        # urgent call would have: when it has, the urgent one is still waiting for the lane.
+        sentinel = asyncio.create_task(lane.call(note, "sentinel"))
+        await until(lambda: lane.spilled == 4, "the sentinel to spill")
         assert not urgent.done()
         release.set()
         await first
-        names = await asyncio.gather(*queued)
+        names = await asyncio.gather(*queued, sentinel)
         return await urgent, list(names)
 
     try:
-        urgent_thread, queued_threads = asyncio.run(scenario())
+        urgent_thread, spilled_threads = asyncio.run(scenario())
     finally:
         release.set()
         lane.close()
     assert urgent_thread == "regent-core-0"
-    assert all(n.startswith("regent-core-overflow") for n in queued_threads)
-    assert lane.spilled == 3
+    assert all(n.startswith("regent-core-overflow") for n in spilled_threads)
+    assert lane.spilled == 4
 
 
 def test_a_call_that_goes_first_overtakes_the_queue() -> None:
     lane = Lane(threads=1, stuck_after=10.0)
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
     order: list[str] = []
 
+    def hold() -> None:
+        entered.set()
+        release.wait(5)
+
     async def scenario() -> None:
-        blocker = asyncio.create_task(lane.call(release.wait, 5))
-        await asyncio.sleep(0.01)
+        blocker = asyncio.create_task(lane.call(hold))
+        await until(entered.is_set, "the lane thread to be on the blocker")
         queued = [asyncio.create_task(lane.call(order.append, f"q{i}")) for i in range(3)]
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # one loop turn: their first steps queue them, in order
         urgent = asyncio.create_task(lane.call(order.append, "urgent", first=True))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
         release.set()
         await asyncio.gather(blocker, urgent, *queued)
 
@@ -256,6 +270,7 @@ class _SlowCommits:
     def __init__(self) -> None:
         self.open = False
         self.flushes = 0
+        self.flushing = threading.Event()
 
     def attach(self) -> None: ...
 
@@ -273,7 +288,8 @@ class _SlowCommits:
         return None
 
     def flush(self) -> None:
-        time.sleep(0.1)
+        self.flushing.set()
+        time.sleep(0.1)  # the slow commit under test
         self.flushes += 1
         self.open = False
 
@@ -284,7 +300,7 @@ def test_calls_queued_while_a_group_commits_do_not_spill() -> None:
 
     async def scenario() -> list[str]:
         first = asyncio.create_task(lane.call(lambda: threading.current_thread().name))
-        await asyncio.sleep(0.03)  # its group is committing now (100 ms)
+        await until(groups.flushing.is_set, "its group to be committing (100 ms)")
         names = [asyncio.create_task(lane.call(lambda: threading.current_thread().name)) for _ in range(3)]
         return [await first, *[await n for n in names]]  # they waited ~70 ms, past stuck_after
 

@@ -108,3 +108,71 @@ def test_every_reference_resolves_inside_the_document(doc: dict[str, Any]) -> No
     for ref in refs:
         assert ref.startswith("#/components/schemas/") and ref.rsplit("/", 1)[1] in schemas, ref
     assert {"SpawnedBy", "CaptureBody", "CaptureFailureBody", "BacktestScope"} <= set(schemas)
+
+
+# Issue 30: a client generated from the document could not filter decisions, read a shadow report
+# by id or page policy events (their query parameters were missing), and the complete/fail answer
+# ("recorded") was outside the documented enum.
+QUERIES = {
+    "/v0/decisions": {"agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id", "judged", "since",
+                      "until", "cursor", "limit"},
+    "/v0/policies/{agent_id}/shadow/report": {"shadow_id", "samples", "top"},
+    "/v0/policies/{agent_id}/events": {"limit"},
+}
+
+
+@pytest.mark.parametrize("path", list(QUERIES))
+def test_the_audit_and_shadow_reads_document_their_query_parameters_and_answers(doc: dict[str, Any],
+                                                                                path: str) -> None:
+    op = doc["paths"][path]["get"]
+    assert QUERIES[path] <= {p["name"] for p in op.get("parameters", []) if p["in"] == "query"}
+    assert "schema" in op["responses"]["200"]["content"]["application/json"]
+
+
+def test_recording_an_outcome_answers_a_documented_decision(doc: dict[str, Any]) -> None:
+    for verb in ("complete", "fail"):
+        answer = doc["paths"][f"/v0/executions/{{execution_id}}/steps/{{step_id}}/{verb}"]["post"]["responses"]["200"]
+        assert "recorded" in answer["content"]["application/json"]["schema"]["properties"]["decision"]["enum"]
+
+
+def _body(doc: dict[str, Any], method: str, path: str) -> dict[str, Any]:
+    return dict(doc["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]["properties"])
+
+
+def test_bodies_document_the_bounds_the_kernel_checks(doc: dict[str, Any]) -> None:
+    agent = _body(doc, "post", "/v0/agents")
+    assert agent["id"]["maxLength"] == 200 and agent["id"]["pattern"].startswith("^[A-Za-z0-9]")
+    assert agent["secret"]["maxLength"] == 1024 and agent["webhook_url"]["pattern"].startswith("^[hH][tT]")
+    key = _body(doc, "post", "/v0/api-keys")
+    assert key["name"]["maxLength"] == 200 and key["scopes"]["maxItems"] == 64 and key["scopes"]["items"]["enum"]
+    seq = _body(doc, "post", "/v0/executions/{execution_id}/steps/{step_id}/stream")["seq"]
+    assert (seq["minimum"], seq["maximum"]) == (0, 2**63 - 1)
+    grant = _body(doc, "post", "/v0/approvals/{approval_id}/grant")
+    assert grant["rationale"]["anyOf"][0]["maxLength"] == 10_000
+    # A list the kernel also takes as null stays nullable (the submit body's `resources`).
+    resources = _body(doc, "post", "/v0/executions/{execution_id}/steps")["resources"]
+    assert {"type": "null"} in resources["anyOf"]
+
+
+def test_generated_decision_queries_are_answered_and_match_the_document(server: ServerThread,
+                                                                        doc: dict[str, Any]) -> None:
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+
+    op = schemathesis.openapi.from_dict(doc)["/v0/decisions"]["GET"]
+    refused: list[str] = []
+
+    @given(op.as_strategy())
+    @settings(max_examples=60, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    def ask(case: Any) -> None:
+        query = {k: v for k, v in (case.query or {}).items() if k != "cursor"}  # an opaque token
+        r = httpx.get(f"{server.url}/v0/decisions", params=query, headers={"Authorization": "Bearer boot-token"})
+        if r.status_code != 200:
+            refused.append(f"{query} → {r.status_code} {r.text[:160]}")
+            return
+        case.query = query
+        op.validate_response(r)
+
+    ask()
+    assert refused == []

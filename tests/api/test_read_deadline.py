@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -134,3 +135,65 @@ def test_headers_past_64_kib_are_a_431_and_the_process_does_not_hold_them(served
 def test_a_request_the_parser_refuses_is_a_400_in_the_envelope(served: Kernel) -> None:
     status, body = _status_and_body(_answer(served.port, b"GET /v0/health HTTP/1.1\r\nHost x\r\n\r\n"))
     assert status == 400 and body["code"] == "validation_error"
+
+
+@pytest.mark.parametrize("request_bytes", [b"GET /v0/health HTTP/1.1\r\nHost x\r\n\r\n",
+                                           b"GET /v0/health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"],
+                         ids=["parser-400", "431"])
+def test_the_answers_written_before_the_api_announce_and_close_the_connection(served: Kernel,
+                                                                              request_bytes: bytes) -> None:
+    # docs/api.md: after these the stream cannot be read on, so the connection ends (EOF, not a
+    # timeout), while an error the API answers keeps it open (the next test's pair of requests).
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.settimeout(10)
+        with contextlib.suppress(OSError):
+            sock.sendall(request_bytes)
+        out = b""
+        while part := sock.recv(65536):
+            out += part
+    head = out.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith((b"http/1.1 400", b"http/1.1 431")) and b"connection: close" in head
+
+
+def test_an_error_the_api_answers_keeps_the_connection(served: Kernel) -> None:
+    with httpx.Client(base_url=served.url, timeout=10) as http:
+        first = http.post("/v0/executions", content=b"{", headers={"Content-Type": "application/json"})
+        second = http.get("/v0/health")
+        assert first.status_code in (400, 401) and second.status_code == 200
+        assert first.headers.get("connection", "").lower() != "close"
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """One whole HTTP/1.1 answer (head and its Content-Length body) off a keep-alive socket."""
+    out = b""
+    while b"\r\n\r\n" not in out:
+        part = sock.recv(65536)
+        if not part:
+            return out
+        out += part
+    head, _, body = out.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        part = sock.recv(65536)
+        if not part:
+            break
+        body += part
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_body_still_arriving_after_an_early_answer_is_not_counted_as_the_next_headers(served: Kernel) -> None:
+    # The API may answer before reading a body (here a 401: no token). The rest of the body then
+    # arrives on the keep-alive connection; the header bound counted it as the next request's
+    # headers, and a 200 KB body made the client's next request a 431 and closed the connection
+    # (R11 met it: a 3 MB form answered 400, then the next page 431).
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.settimeout(10)
+        size = 200_000
+        sock.sendall(b"POST /v0/executions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % size)
+        first = _read_answer(sock)
+        assert first.startswith(b"HTTP/1.1 401"), first[:200]
+        sock.sendall(b"x" * size)
+        sock.sendall(b"GET /v0/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        second = _read_answer(sock)
+        assert second.startswith(b"HTTP/1.1 200"), second[:300]

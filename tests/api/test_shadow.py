@@ -212,3 +212,12 @@ def test_shadow_rate_limit_peeks_and_never_consumes(kernel: Kernel, shadowed: Sh
         assert rep["disagreements"] == {"allow→rate_limited": 1}  # the third call: bucket full
     finally:
         limiter.close()
+
+
+@pytest.mark.parametrize("sid", [2**31 - 1, 2**31, 101022595599])
+def test_a_shadow_id_past_the_column_is_a_400_or_not_found_never_a_500(server: ServerThread, running: Running,
+                                                                       sid: int) -> None:
+    # R3's generated fuzz on PostgreSQL: shadow_id=101022595599 overflowed the INTEGER column, a 500.
+    r = httpx.get(f"{server.url}/v0/policies/{running.agent_id}/shadow/report", params={"shadow_id": sid},
+                  headers={"Authorization": "Bearer boot-token"})
+    assert r.status_code == (404 if sid < 2**31 else 400), r.text[:300]

@@ -5,7 +5,6 @@ the kernel keeps serving (found by the reliability suite, R6)."""
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from kernel.core.kernel import Kernel
 from kernel.errors import StoreUnavailable
 from kernel.store import SqlStore, open_store
 from kernel.store.migrations import migrate
-from tests.support import ServerThread
+from tests.support import ServerThread, wait_until
 
 
 @pytest.fixture
@@ -91,12 +90,20 @@ def _terminate_all(url: str, dbname: str) -> None:
     admin = open_store(url)
     try:
         with admin.read() as tx:
-            tx.conn.exec_driver_sql(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                f"WHERE datname = '{dbname}' AND pid <> pg_backend_pid()")
+            pids = [int(p) for p in tx.conn.exec_driver_sql(
+                f"SELECT pid FROM pg_stat_activity WHERE datname = '{dbname}' AND pid <> pg_backend_pid()").scalars()]
+            for pid in pids:  # one by one: only this database's sessions are ever named
+                tx.conn.exec_driver_sql(f"SELECT pg_terminate_backend({pid})")
+
+        def gone() -> bool:  # the server ends the sessions asynchronously
+            with admin.read() as tx:
+                return not tx.conn.exec_driver_sql(
+                    f"SELECT count(*) FROM pg_stat_activity WHERE pid IN ({','.join(map(str, pids)) or '0'})"
+                ).scalar_one()
+
+        wait_until(gone, f"sessions {pids} to end")
     finally:
         admin.close()
-    time.sleep(0.2)  # the server closes the sessions asynchronously
 
 
 @pytest.mark.postgres

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 
 from kernel.console.session import Sessions
@@ -12,8 +13,28 @@ def test_a_cookie_verifies_only_unchanged_and_under_the_key_that_signed_it() -> 
     cookie = s.encode(s.issue("key-id"))
     assert s.verify(cookie) is not None and s.verify(cookie).who == "key-id"  # type: ignore[union-attr]
     body, _, mac = cookie.partition(".")
-    assert s.verify(body + "." + mac[:-1] + ("A" if mac[-1] != "A" else "B")) is None
+    raw = base64.urlsafe_b64decode(mac + "=")
+    for i in (0, len(raw) // 2, len(raw) - 1):  # a changed MAC byte, re-encoded canonically
+        forged = raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1:]
+        assert s.verify(body + "." + base64.urlsafe_b64encode(forged).rstrip(b"=").decode()) is None
     assert s.verify(body[:-2] + "x." + mac) is None
+
+
+def test_only_the_canonical_base64_of_a_cookie_verifies() -> None:
+    # A 32-byte MAC is 43 characters whose last carries 2 spare bits: three other last characters
+    # decoded to the same MAC (the old tamper test "changed" one 6.5 % of the time and passed
+    # through), and the decoder also skipped characters outside the alphabet.
+    s = Sessions(b"k" * 32, 60)
+    cookie = s.encode(s.issue("key-id"))
+    body, _, mac = cookie.partition(".")
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    i = alphabet.index(mac[-1])
+    for spare in (1, 2, 3):
+        twin = mac[:-1] + alphabet[i ^ spare]
+        assert base64.urlsafe_b64decode(twin + "=") == base64.urlsafe_b64decode(mac + "=")
+        assert s.verify(body + "." + twin) is None
+    assert s.verify(body + "." + mac[:10] + "!" + mac[10:]) is None
+    assert s.verify(body[:5] + "\n" + body[5:] + "." + mac) is None
     assert Sessions(b"o" * 32, 60).verify(cookie) is None
     assert s.verify("") is None and s.verify("no-dot") is None and s.verify("a" * 2000 + ".b") is None
 

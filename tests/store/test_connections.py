@@ -9,7 +9,6 @@ handed out twice, and one idle for long enough goes back through the pre-pinging
 from __future__ import annotations
 
 import threading
-import time
 from datetime import UTC, datetime
 
 import pytest
@@ -29,6 +28,7 @@ from kernel.identity import new_uuid7
 from kernel.store import SqlStore, open_store
 from kernel.store.base import _IDLE_MAX
 from kernel.store.migrations import migrate
+from tests.support import wait_until
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 HASH = "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b"
@@ -175,9 +175,15 @@ def _terminate(url: str, pid: int) -> None:
     try:
         with admin.read() as tx:
             assert tx.conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})").scalar_one()
+
+        def gone() -> bool:  # the server ends the session asynchronously
+            with admin.read() as tx:
+                return not tx.conn.exec_driver_sql(
+                    f"SELECT count(*) FROM pg_stat_activity WHERE pid = {int(pid)}").scalar_one()
+
+        wait_until(gone, f"session {pid} to end")
     finally:
         admin.close()
-    time.sleep(0.2)  # the server closes the session asynchronously
 
 
 @pytest.mark.postgres

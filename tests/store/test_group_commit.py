@@ -73,7 +73,8 @@ def run_behind_a_blocker(lane: Lane, calls: list[Callable[[], Any]], on_answer: 
             return out
 
         tasks = [asyncio.ensure_future(one(i, fn)) for i, fn in enumerate(calls)]
-        await asyncio.sleep(0.05)  # every call is queued behind the gate now
+        # One loop turn: each task's first step puts its call on the lane's queue, behind the gate.
+        await asyncio.sleep(0)
         gate.set()
         await first
         return list(await asyncio.gather(*tasks))

@@ -17,7 +17,7 @@ from kernel.api.app import create_app
 from kernel.core.kernel import Kernel
 from kernel.stream import InProcessBroker
 from tests.conftest import Running
-from tests.support import AgentClient, ServerThread
+from tests.support import AgentClient, ServerThread, wait_until
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_subscriber_receives_deltas_in_seq_order(served: ServerThread, running: 
     t = threading.Thread(target=_collect, args=(served.url, eid, 5, seen, ready, frames), daemon=True)
     t.start()
     assert ready.wait(10)
-    time.sleep(0.5)  # let at least one keep-alive through
+    wait_until(lambda: ": keep-alive" in frames, "a keep-alive frame")
     for seq in range(5):
         r = c.request("POST", f"/v0/executions/{eid}/steps/{sid}/stream", {"seq": seq, "data": f"d{seq}"})
         assert r.status_code == 204

@@ -6,21 +6,22 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Name, Strict, parse_model
+from kernel.api.body import Strict, parse_model, text_field, whole
 from kernel.api.deps import agent_param, auth_of, call, kernel_of
 from kernel.api.render import JSONResponse, agent_json
 from kernel.api.routes.client import _body
 from kernel.core import agents
+from kernel.core.kernel import MAX_LEASE_SECONDS
 from kernel.core.policies import Actor
 
 router = APIRouter()
 
 
 class RegisterAgentBody(Strict):
-    id: Name
-    webhook_url: Name
-    secret: Name
-    lease_timeout_seconds: int | None = None
+    id: text_field(1, 200, "^[A-Za-z0-9][A-Za-z0-9._:@-]*$")  # type: ignore[valid-type]  # agents.AGENT_ID
+    webhook_url: text_field(1, None, "^[hH][tT][tT][pP][sS]?://[^\\u0000]+$")  # type: ignore[valid-type]
+    secret: text_field(1, agents.MAX_SECRET_CHARS)  # type: ignore[valid-type]
+    lease_timeout_seconds: whole(0, MAX_LEASE_SECONDS) | None = None  # type: ignore[valid-type]
 
 
 @router.post("/v0/agents", openapi_extra=schema.operation(RegisterAgentBody, ok=(201, 200), answer=schema.AGENT))

@@ -71,7 +71,6 @@ class SubmitBody(Strict):
 _SUBMIT_ENUMS: dict[str, dict[str, Any]] = {
     "kind": {"enum": sorted(_KINDS)},
     "idempotency": {"enum": ["safe_to_retry", "at_most_once"]},
-    "resources": {"type": "array", "items": {"type": "string"}},
 }
 
 
@@ -189,13 +188,13 @@ async def _outcome(request: Request, execution_id: str, step_id: str, failed: bo
 
 
 @_hot("/v0/executions/{execution_id}/steps/{step_id}/complete",
-             openapi_extra=schema.operation(CompleteStepBody, answer=schema.DECISION))
+             openapi_extra=schema.operation(CompleteStepBody, answer=schema.OUTCOME))
 async def complete_step(execution_id: str, step_id: str, request: Request) -> Response:
     return await _outcome(request, execution_id, step_id, failed=False)
 
 
 @_hot("/v0/executions/{execution_id}/steps/{step_id}/fail",
-             openapi_extra=schema.operation(FailStepBody, answer=schema.DECISION))
+             openapi_extra=schema.operation(FailStepBody, answer=schema.OUTCOME))
 async def fail_step(execution_id: str, step_id: str, request: Request) -> Response:
     return await _outcome(request, execution_id, step_id, failed=True)
 

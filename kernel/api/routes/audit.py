@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
+from pydantic import WithJsonSchema
 from starlette.responses import Response
 
-from kernel.api.body import Strict, parse_model
+from kernel.api import schema
+from kernel.api.body import NO_NUL, Name, Strict, parse_model, text_field
 from kernel.api.deps import auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse
 from kernel.api.routes.client import _body, _int_param
@@ -27,7 +29,11 @@ def _time_param(value: str | None, name: str) -> datetime | None:
     return parse_time(value, name, naive_is_utc=False) if value else None
 
 
-@router.get("/v0/decisions")
+@router.get("/v0/decisions", openapi_extra=schema.operation(answer=schema.DECISION_PAGE, query={
+    **{name: {"type": "string", "maxLength": 4096, "pattern": NO_NUL} for name in _FILTERS},
+    "decision": schema.DECISION_RECORD["properties"]["decision"], "execution_id": schema.ID,
+    "judged": {"type": "string", "enum": ["true", "false"]}, "since": schema.TIME, "until": schema.TIME,
+    "cursor": schema.TEXT, "limit": {"type": "integer", "minimum": 1, "maximum": decisions.MAX_PAGE}}))
 async def list_decisions(request: Request) -> Response:
     await call(auth_of(request).principal, request, "decisions:read")
     q = request.query_params
@@ -57,13 +63,14 @@ async def list_decisions(request: Request) -> Response:
 
 
 class CreateKeyBody(Strict):
-    name: str
-    scopes: list[str]
-    expires_at: str | None = None  # RFC 3339 with a zone
+    name: text_field(1, 200)  # type: ignore[valid-type]
+    scopes: Annotated[list[Name], WithJsonSchema({"type": "array", "minItems": 1, "maxItems": api_keys.MAX_SCOPES,
+                                                  "items": {"type": "string", "enum": sorted(api_keys.SCOPES)}})]
+    expires_at: Annotated[str, WithJsonSchema(schema.TIME)] | None = None  # RFC 3339 with a zone
     expires_in: str | float | None = None  # seconds or a duration such as 720h
 
 
-@router.post("/v0/api-keys", status_code=201)
+@router.post("/v0/api-keys", status_code=201, openapi_extra=schema.operation(CreateKeyBody, ok=201, answer=schema.API_KEY))
 async def create_api_key(request: Request) -> Response:
     """201 with the key and its `token`, shown this once (only its SHA-256 is stored)."""
     principal = await call(auth_of(request).principal, request, "api_keys:manage")
@@ -84,14 +91,14 @@ async def create_api_key(request: Request) -> Response:
     return JSONResponse({**key.json(), "token": token}, status_code=201)
 
 
-@router.get("/v0/api-keys")
+@router.get("/v0/api-keys", openapi_extra=schema.operation(answer=schema.array(schema.API_KEY)))
 async def list_api_keys(request: Request) -> Response:
     await call(auth_of(request).principal, request, "api_keys:manage")
     keys = await call(api_keys.list_keys, kernel_of(request))
     return JSONResponse([x.json() for x in keys])
 
 
-@router.delete("/v0/api-keys/{key_id}")
+@router.delete("/v0/api-keys/{key_id}", openapi_extra=schema.operation(ok=204))
 async def revoke_api_key(key_id: str, request: Request) -> Response:
     principal = await call(auth_of(request).principal, request, "api_keys:manage")
     await call(api_keys.revoke_key, kernel_of(request), uuid_param(key_id, "api key id"), principal)

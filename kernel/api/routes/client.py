@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
+from pydantic import WithJsonSchema
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Name, Strict, parse_model, read_body
+from kernel.api.body import Name, Strict, parse_model, read_body, text_field, whole
 from kernel.api.deps import agent_param, auth_of, call, kernel_of, uuid_param
 from kernel.api.render import JSONResponse, approval_json, event_json, execution_json
 from kernel.core import approvals, executions, forks
@@ -31,16 +32,16 @@ _APPROVAL_STATUS_PARAM = {"type": "string", "default": "pending", "description":
 
 
 class SpawnedBy(Strict):
-    execution_id: str
-    step_id: str
+    execution_id: Annotated[str, WithJsonSchema(schema.ID)]
+    step_id: Annotated[str, WithJsonSchema({"type": "string", "pattern": "^[0-9a-fA-F]{1,64}$"})]
 
 
 class CreateExecutionBody(Strict):
     agent_id: Name
     input: Any = None
-    idempotency_key: Name | None = None
+    idempotency_key: text_field(1, 200) | None = None  # type: ignore[valid-type]
     session: str | None = None
-    parent_execution_id: str | None = None
+    parent_execution_id: Annotated[str, WithJsonSchema(schema.ID)] | None = None
     spawned_by: SpawnedBy | None = None
     on_behalf_of: Any = None  # sent by newer SDKs; accepted and ignored (docs/api.md)
 
@@ -68,8 +69,8 @@ def check_session(session: str | None) -> str | None:
 
 
 class DecideBody(Strict):
-    decided_by: Name = ""
-    rationale: Name | None = None
+    decided_by: text_field(0, approvals.MAX_DECIDED_BY_CHARS) = ""  # type: ignore[valid-type]
+    rationale: text_field(0, approvals.MAX_RATIONALE_CHARS) | None = None  # type: ignore[valid-type]
 
 
 async def _body(request: Request) -> bytes:
@@ -130,7 +131,7 @@ async def list_executions(request: Request) -> Response:
 
 
 @router.get("/v0/executions/{execution_id}/events", openapi_extra=schema.operation(
-    answer=schema.array(schema.EVENT), query={"after_seq": {"type": "integer", "minimum": 0},
+    answer=schema.array(schema.EVENT), query={"after_seq": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
                                               "limit": {"type": "integer", "minimum": 1, "maximum": 1000}}))
 async def list_events(execution_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "executions:read")
@@ -173,7 +174,7 @@ async def cancel_execution(execution_id: str, request: Request) -> Response:
 
 
 class ForkBody(Strict):
-    at_seq: int
+    at_seq: whole(0, INT64_MAX)  # type: ignore[valid-type]  # and at most the source's last event seq
     session: str | None = None
     # YAML text, or {"kind": "yaml"|"rego", "bundle": <text or {modules, data, manifest}>}
     policy_bundle: str | dict[str, Any] | None = None

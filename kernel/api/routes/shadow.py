@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from kernel.api import schema
 from kernel.api.deps import auth_of, call, kernel_of
 from kernel.api.render import JSONResponse
 from kernel.api.routes.policies import _json as revision_json
@@ -20,6 +21,9 @@ from kernel.errors import ValidationError
 from kernel.identity import whole_number
 
 router = APIRouter()
+# Shadow ids are an INTEGER column: past 2^31 - 1 PostgreSQL refused the lookup (a 500 from R3's
+# fuzz; SQLite's INTEGER is 64-bit and found nothing).
+MAX_SHADOW_ID = 2**31 - 1
 
 
 def shadow_json(s: Shadow, with_content: bool = True) -> dict[str, Any]:
@@ -107,10 +111,13 @@ async def delete_shadow(agent_id: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/v0/policies/{agent_id}/shadow/report")
+@router.get("/v0/policies/{agent_id}/shadow/report", openapi_extra=schema.operation(answer=schema.SHADOW_REPORT, query={
+    "shadow_id": {"type": "integer", "minimum": 1, "maximum": MAX_SHADOW_ID},
+    "samples": {"type": "integer", "minimum": 0, "maximum": 500},
+    "top": {"type": "integer", "minimum": 1, "maximum": 100}}))
 async def shadow_report(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write")
-    sid = _int_param(request, "shadow_id", None, 1, 2**62)
+    sid = _int_param(request, "shadow_id", None, 1, MAX_SHADOW_ID)
     samples = _int_param(request, "samples", 20, 0, 500) or 0
     top = _int_param(request, "top", 10, 1, 100) or 10
     rep = await call(shadow.shadow_report, kernel_of(request), agent_id, sid, samples=samples, top=top)
@@ -131,7 +138,8 @@ async def rollback(agent_id: str, request: Request) -> Response:
     return JSONResponse(revision_json(r, with_content=False))
 
 
-@router.get("/v0/policies/{agent_id}/events")
+@router.get("/v0/policies/{agent_id}/events", openapi_extra=schema.operation(
+    answer=schema.array(schema.POLICY_EVENT), query={"limit": {"type": "integer", "minimum": 1, "maximum": 1000}}))
 async def policy_events(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, "policies:write")
     limit = _int_param(request, "limit", 100, 1, 1000) or 100

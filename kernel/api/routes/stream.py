@@ -10,7 +10,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.responses import Response
 
 from kernel.api import schema
-from kernel.api.body import Strict, parse_model
+from kernel.api.body import Strict, parse_model, whole
 from kernel.api.deps import auth_of, call, kernel_of, long_lived, step_param, uuid_param
 from kernel.core import executions, steps
 from kernel.domain import StepStatus
@@ -19,11 +19,12 @@ from kernel.stream import InProcessBroker, StreamBroker
 
 router = APIRouter()
 MAX_DATA_BYTES = 7000  # PostgreSQL NOTIFY payloads stop at 8000 bytes
+MAX_SEQ = 2**63 - 1  # `seq` is an int64 in every SDK that reads the frames; -1 and 2^63 were relayed
 DEFAULT_KEEPALIVE_SECONDS = 15.0
 
 
 class DeltaBody(Strict):
-    seq: int
+    seq: whole(0, MAX_SEQ)  # type: ignore[valid-type]
     data: str
 
 
@@ -40,6 +41,8 @@ async def publish_delta(execution_id: str, step_id: str, request: Request) -> Re
     a = await auth_of(request).agent(request, "once")
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(DeltaBody, a.body)
+    if not 0 <= body.seq <= MAX_SEQ:
+        raise ValidationError(f"validation error: seq must be a whole number 0-{MAX_SEQ}")
     # surrogatepass: a lone surrogate in `data` is relayed as its JSON escape (docs/stream.md).
     if len(body.data.encode("utf-8", "surrogatepass")) > MAX_DATA_BYTES:
         raise ValidationError(f"data is over {MAX_DATA_BYTES} bytes")

@@ -1,4 +1,4 @@
-"""Fault injection: 50 worker faults in one run, each a denied step, each followed by a normal one.
+"""Fault injection: 43 worker faults in one run, each a denied step, each followed by a normal one.
 
 Segfaults and aborts come from the worker's test hook (an input key honoured only by workers
 started with `test_hooks=True`); timeouts from a real Rego comprehension that runs for seconds in
@@ -21,8 +21,13 @@ from kernel.policy.rego.protocol import TEST_FAULT_KEY
 
 from .conftest import bundle_of, step
 
-TIMEOUT = 0.1
-MARGIN = 0.2  # fault handling on top of the timeout, generous for a loaded CI machine
+# The pool's timeout applies to every evaluation, the normal ones included: at 100 ms a plain
+# `ls` step timed out too on a machine at load 10+ (2 cores), and the test failed for nothing. The
+# slow rule runs ~12 s, so 1 s still times it out whatever the load; the margin is what fault
+# handling may add on top (a killed worker's replacement is started outside the evaluation).
+TIMEOUT = 1.0
+MARGIN = 2.0
+SLOW_RUNS = 8
 POLICY = bundle_of(
     'decision := {"decision": "allow", "rule_id": "ok"} if not input.args.slow\n'
     'decision := {"decision": "allow", "rule_id": "slow"} if {\n'
@@ -83,11 +88,11 @@ def test_policy_past_the_timeout_denies_eval_error(faulty: RegoEngine) -> None:
     before = faulty.stats()
     timings = [
         _fault_then_recover(faulty, step(slow=True), f"timed out after {TIMEOUT * 1000:g} ms")
-        for _ in range(15)
+        for _ in range(SLOW_RUNS)
     ]
     assert min(timings) >= TIMEOUT
     assert max(timings) <= TIMEOUT + MARGIN, f"slowest timeout took {max(timings):.3f}s"
-    assert faulty.stats()["timeouts"] - before["timeouts"] == 15
+    assert faulty.stats()["timeouts"] - before["timeouts"] == SLOW_RUNS
 
 
 def test_real_rego_cpp_crash_denies_bundle_error(
@@ -128,7 +133,7 @@ def test_faults_are_logged_with_the_revision(
 def test_pool_is_whole_again_after_the_faults(faulty: RegoEngine) -> None:
     assert faulty.wait_ready(timeout=10)
     assert faulty.stats()["workers"] == 2
-    assert faulty.stats()["workers_replaced"] >= 50
+    assert faulty.stats()["workers_replaced"] >= 35 + SLOW_RUNS
 
 
 def test_threads_sharing_a_faulting_pool_all_get_answers(faulty: RegoEngine) -> None:
