@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from kernel.identity import whole_number
 from kernel.manifest import Manifest
@@ -33,6 +33,12 @@ from kernel.signing import verify_webhook_signature
 log = logging.getLogger("regent.mcp")
 
 _WEBHOOK_MAX_BYTES = 64 * 1024
+_MAX_MCP_BODY = 4 * 1024 * 1024  # one MCP request; arguments are bounded again per agent (max_args_bytes)
+
+
+def _jsonrpc_error(status: int, code: int, message: str) -> JSONResponse:
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}},
+                        status_code=status)
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -139,7 +145,44 @@ class Gateways:
         if not self._client_ok(gw, headers.get("authorization", "")):
             await _error(401, "unauthorized", "missing or invalid bearer token")(scope, receive, send)
             return
+        if scope.get("method") == "POST":
+            receive = await self._vetted(scope, receive, send)
+            if receive is None:
+                return
         await self.managers[agent_id].handle_request(scope, receive, send)
+
+    async def _vetted(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """Read the body whole (bounded) and refuse JSON nested past the parser's recursion limit
+        with a JSON-RPC parse error (the SDK answers it with a 500); the SDK then reads the same
+        bytes."""
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > _MAX_MCP_BODY:
+                await _jsonrpc_error(413, -32600, f"request body over {_MAX_MCP_BODY} bytes")(scope, receive, send)
+                return None
+        try:
+            json.loads(body)
+        except RecursionError:
+            await _jsonrpc_error(400, -32700, "JSON nested too deeply")(scope, receive, send)
+            return None
+        except ValueError:
+            pass  # the SDK answers its own parse error
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        return replay
 
     def _client_ok(self, gw: AgentGateway, auth: str) -> bool:
         """A client presents the agent's `client_token`, or a kernel API key (checked by the kernel
@@ -154,7 +197,7 @@ class Gateways:
 
     def app(self) -> Starlette:
         for agent_id, gw in self.agents.items():
-            self.managers[agent_id] = StreamableHTTPSessionManager(gw.server, max_request_body_size=4 * 1024 * 1024)
+            self.managers[agent_id] = StreamableHTTPSessionManager(gw.server, max_request_body_size=_MAX_MCP_BODY)
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -227,7 +227,7 @@ class AgentGateway:
         if entry is None:
             raise GatewayError(types.INVALID_PARAMS, f"unknown tool {name[:200]!r}")
         if entry.state != APPROVED:
-            return self._unpinned(slot, entry)
+            return await self._unpinned(slot, entry)
         args = {k: v for k, v in (req.params.arguments or {}).items() if v is not None}  # the SDK's _strip_none
         try:
             size = len(json.dumps(args, ensure_ascii=False).encode("utf-8"))
@@ -242,14 +242,12 @@ class AgentGateway:
         call: Call = self.caller.new_call(entry, args, slot)
         return await self.caller.run(slot, call, self._progress(req))
 
-    def _unpinned(self, slot: Slot, entry: Entry) -> types.CallToolResult:
+    async def _unpinned(self, slot: Slot, entry: Entry) -> types.CallToolResult:
         if entry.state == CHANGED:
             self.metrics.pin_refusals.labels(self.agent_id, entry.name).inc()
             log.warning("%s: refused %s: definition sha256 %s differs from the pinned %s", self.agent_id,
                         entry.name, entry.digest, entry.pinned)
-            import asyncio
-
-            asyncio.get_running_loop().create_task(self._note_refusal(slot, entry))
+            await self._note_refusal(slot, entry)
             return error_result(f"regent: tool {entry.name}'s definition changed since it was approved (pinned "
                                 f"sha256 {entry.pinned}, now {entry.digest}); calls are refused until an operator "
                                 f"approves it: regent mcp approve --agent {self.agent_id} --tool {entry.name} "
@@ -260,12 +258,12 @@ class AgentGateway:
     async def _note_refusal(self, slot: Slot, entry: Entry) -> None:
         """The refusal in the execution's timeline: a `local` step `mcp.definition_changed` failed
         with both hashes (an event the console and the audit trail show)."""
-        lease = slot.lease
-        if lease is None:
-            return
         args = {"tool": entry.name, "pinned": entry.pinned, "sha256": entry.digest}
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
             async with slot.submit_lock:
+                lease = await slot.wait_lease(self.cfg.lease_wait_seconds)
+                if lease is None:
+                    return
                 r = await self.link.submit(lease, "mcp.definition_changed", args, "safe_to_retry", kind="local")
             dec = r.json()
             if dec.get("decision") == "proceed":

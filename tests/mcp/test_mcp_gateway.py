@@ -1,0 +1,292 @@
+"""The official `mcp` client ↔ `regent mcp` ↔ real upstream MCP servers (stdio and streamable
+HTTP), on SQLite and PostgreSQL: every decision a tools/call can meet, and the failures."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+import httpx
+import pytest
+from mcp import McpError
+from rebuno.errors import PolicyError, RateLimited, raise_for_refusal
+
+from tests.e2e.conftest import wait_for
+from tests.mcp.conftest import Env, mcp_session, run, text
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+def url(env: Env, agent: str = "files") -> str:
+    return f"{env.gateway.url}/mcp/{agent}"
+
+
+def newest_steps(env: Env) -> list[dict[str, Any]]:
+    eid = env.executions()[0]["id"]
+    return env.api.steps(eid)
+
+
+def test_tools_are_listed_under_the_sdk_names_and_an_allowed_call_runs_once_and_is_recorded(env: Env) -> None:
+    async def go() -> tuple[Any, Any, Any, Any]:
+        async with mcp_session(url(env)) as s:
+            tools = (await s.list_tools()).tools
+            read = await s.call_tool("fs_read_file", {"path": "a.txt"})
+            stat = await s.call_tool("web_stat", {"path": "a.txt"})
+            return tools, read, stat, env.executions()[0]
+
+    before = len(env.effect_lines())
+    tools, read, stat, execution = run(go())
+    names = {t.name for t in tools}
+    assert {"fs_read_file", "fs_write_file", "fs_delete_file", "web_read_file", "web_stat"} <= names
+    schema = next(t for t in tools if t.name == "fs_write_file").inputSchema
+    assert set(schema["required"]) == {"path", "content"}
+    assert not read.isError and "(no file a.txt)" in text(read)
+    assert stat.structuredContent == {"path": "a.txt", "size": 0, "exists": False}
+    assert [e["tool"] for e in env.effect_lines()[before:]] == ["read_file"]
+    steps = env.api.steps(execution["id"])
+    by_target = {s["target"]: s for s in steps}
+    assert by_target["fs_read_file"]["status"] == "succeeded"
+    assert by_target["fs_read_file"]["args"] == {"path": "a.txt"}
+    assert by_target["fs_read_file"]["kind"] == "tool_call"
+    # FastMCP answers a string tool with structured content {"result": …}: the SDK's flattening keeps it.
+    assert by_target["fs_read_file"]["result"] == {"result": "(no file a.txt)"}
+    assert by_target["web_stat"]["result"] == {"path": "a.txt", "size": 0, "exists": False}
+    # The session ended: its execution is complete, and the console's timeline reads it like any other.
+    done = env.api.wait_status(execution["id"], "completed")
+    assert done["input"] == {"mcp": {"transport": "http"}}
+    assert 'regent_mcp_calls_total{agent="files",decision="proceed",upstream="fs"}' in env.metrics()
+
+
+def test_a_denied_call_answers_the_sdk_refusal_and_never_reaches_the_upstream(env: Env) -> None:
+    async def go() -> Any:
+        async with mcp_session(url(env)) as s:
+            return await s.call_tool("fs_delete_file", {"path": "a.txt"})
+
+    before = len(env.effect_lines())
+    result = run(go())
+    assert result.isError
+    assert text(result) == "rebuno_refusal: denied reason=deletes are not allowed"
+    with pytest.raises(PolicyError, match="deletes are not allowed"):
+        raise_for_refusal(Exception(text(result)))
+    assert env.effect_lines()[before:] == []
+    step = next(s for s in newest_steps(env) if s["target"] == "fs_delete_file")
+    assert step["status"] == "denied" and step["error"]["rule_id"] == "no-deletes"
+    assert 'decision="denied"' in env.metrics()
+
+
+async def _decide(env: Env, decision: str, rationale: str = "") -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=env.kernel.url, timeout=10) as h:
+        for _ in range(400):
+            pending = (await h.get("/v0/approvals")).json()
+            if pending:
+                a = pending[0]
+                r = await h.post(f"/v0/approvals/{a['id']}/{decision}", json={"decided_by": "ops", "rationale": rationale})
+                assert r.status_code == 204, r.text
+                return dict(a)
+            await asyncio.sleep(0.05)
+    raise AssertionError("no approval was requested")
+
+
+def test_a_write_waits_for_its_approval_with_progress_and_runs_once_granted_or_is_refused_once_denied(env: Env) -> None:
+    progress: list[str] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    async def go() -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+        async with mcp_session(url(env)) as s:
+            decide = asyncio.create_task(_decide(env, "grant"))
+            granted = await s.call_tool("fs_write_file", {"path": "w.txt", "content": "yes"},
+                                        progress_callback=on_progress)
+            a1 = await decide
+            decide = asyncio.create_task(_decide(env, "deny", "not today"))
+            denied = await s.call_tool("fs_write_file", {"path": "w.txt", "content": "no"})
+            a2 = await decide
+            return granted, denied, a1, a2
+
+    before = len(env.effect_lines())
+    granted, denied, a1, a2 = run(go())
+    assert not granted.isError and text(granted) == "wrote 3 characters to w.txt"
+    assert a1["target"] == "fs_write_file" and a1["args"] == {"path": "w.txt", "content": "yes"}
+    assert any(m.startswith(f"waiting for approval {a1['id']}") for m in progress), progress
+    assert denied.isError and text(denied) == "rebuno_refusal: denied reason=not today"
+    writes = [e["args"] for e in env.effect_lines()[before:] if e["tool"] == "write_file"]
+    assert writes == [{"path": "w.txt", "content": "yes"}]
+    steps = {s["args"]["content"]: s for s in newest_steps(env) if s["target"] == "fs_write_file"}
+    assert steps["yes"]["status"] == "succeeded" and steps["yes"]["idempotency"] == "at_most_once"
+    assert steps["no"]["status"] == "denied"
+
+
+def test_a_call_still_awaiting_approval_past_the_bound_answers_pending_naming_the_approval(env: Env) -> None:
+    async def go() -> tuple[Any, Any]:
+        async with mcp_session(url(env), key="pending-approval") as s:
+            first = await s.call_tool("fs_write_file", {"path": "p.txt", "content": "later"})
+            pending = (await httpx.AsyncClient(base_url=env.kernel.url).get("/v0/approvals")).json()
+            assert len(pending) == 1
+            decide = asyncio.create_task(_decide(env, "grant"))
+            again = await s.call_tool("fs_write_file", {"path": "p.txt", "content": "later"})
+            await decide
+            return first, again
+
+    # approval_wait_seconds is 20 in the test manifest: the first call gives up and says so.
+    first, again = run(go())
+    assert first.isError and text(first).startswith("rebuno_refusal: blocked reason=approval_pending")
+    assert "approval " in text(first) and "is pending" in text(first)
+    assert not again.isError and text(again) == "wrote 5 characters to p.txt"
+    writes = [s for s in newest_steps(env) if s["target"] == "fs_write_file"]
+    assert len(writes) == 1 and writes[0]["status"] == "succeeded"  # the retry was the same step
+
+
+def test_a_rate_limited_call_answers_the_refusal_with_a_retry_hint(env: Env) -> None:
+    async def go() -> list[Any]:
+        async with mcp_session(url(env)) as s:
+            return [await s.call_tool("fs_stat", {"path": str(i)}) for i in range(3)]
+
+    results = run(go())
+    assert [r.isError for r in results] == [False, False, True]
+    assert text(results[2]).startswith("rebuno_refusal: rate_limited reason=rate_limit_exceeded; retry")
+    with pytest.raises(RateLimited):
+        raise_for_refusal(Exception(text(results[2])))
+    assert 'decision="rate_limited"' in env.metrics()
+
+
+def test_an_upstream_that_crashes_fails_the_step_and_the_next_call_reaches_a_fresh_upstream(env: Env) -> None:
+    async def go() -> tuple[Any, Any]:
+        async with mcp_session(url(env)) as s:
+            crashed = await s.call_tool("fs_crash", {})
+            after = await s.call_tool("fs_read_file", {"path": "after-crash"})
+            return crashed, after
+
+    crashed, after = run(go())
+    assert crashed.isError and "upstream fs" in text(crashed)
+    assert not after.isError and "(no file after-crash)" in text(after)
+    steps = {s["target"]: s for s in newest_steps(env)}
+    assert steps["fs_crash"]["status"] == "failed"
+    assert steps["fs_crash"]["error"]["reason"] == "upstream_unavailable"
+    pids = {e["pid"] for e in env.effect_lines() if e["tool"] in ("crash", "read_file")}
+    assert len(pids) >= 2  # the upstream was started again
+    assert 'regent_mcp_upstream_errors_total{agent="files",kind="unavailable",upstream="fs"}' in env.metrics()
+
+
+def test_an_upstream_that_hangs_times_out_and_the_step_fails(env: Env) -> None:
+    async def go() -> Any:
+        async with mcp_session(url(env)) as s:
+            return await s.call_tool("fs_slow_write", {"path": "hang", "seconds": 60})
+
+    result = run(go())
+    assert result.isError and "did not answer within 6s" in text(result)
+    step = next(s for s in newest_steps(env) if s["target"] == "fs_slow_write")
+    assert step["status"] == "failed" and step["error"]["reason"] == "upstream_timeout"
+
+
+def test_hostile_arguments_get_json_rpc_errors_and_the_gateway_keeps_serving(env: Env) -> None:
+    deep: Any = "x"
+    for _ in range(200):  # as deep as the client's own serializer sends (deeper: below, raw)
+        deep = [deep]
+    hostile: list[tuple[str, Any]] = [
+        ("no_such_tool", {}),
+        ("fs_read_file", {"path": 3}),  # the schema says string
+        ("fs_read_file", {}),  # missing a required argument
+        ("fs_write_file", {"path": "big", "content": "x" * 10_000}),  # over max_args_bytes
+        ("fs_read_file", {"path": deep}),
+        ("../fs_read_file", {"path": "a"}),
+        ("fs_read_file\u0000", {"path": "a"}),
+    ]
+
+    async def go() -> tuple[list[str], Any, Any]:
+        errors = []
+        async with mcp_session(url(env)) as s:
+            for name, args in hostile:
+                try:
+                    await s.call_tool(name, args)
+                    errors.append("no error")
+                except McpError as e:
+                    errors.append(str(e))
+            big = await s.call_tool("fs_big", {"n": 50_000})  # a result over max_result_bytes
+            fine = await s.call_tool("fs_read_file", {"path": "still-fine"})
+        return errors, big, fine
+
+    before = len(env.effect_lines())
+    errors, big, fine = run(go())
+    assert "no error" not in errors, errors
+    assert errors[0].startswith("unknown tool") and "input schema" in errors[1] and "input schema" in errors[2]
+    assert "over the gateway's 4096" in errors[3]
+    assert big.isError and "over the gateway's 10000" in text(big)
+    assert not fine.isError
+    assert [e["tool"] for e in env.effect_lines()[before:]] == ["big", "read_file"]
+    step = next(s for s in newest_steps(env) if s["target"] == "fs_big")
+    assert step["status"] == "failed" and step["error"]["reason"] == "result_too_large"
+
+    # Raw bodies no client library would send: nested 100 000 deep, not JSON, a 5 MB body.
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+    with httpx.Client(timeout=30) as h:
+        r = h.post(url(env), json=init, headers=accept)
+        sid = r.headers["mcp-session-id"]
+        session = {**accept, "mcp-session-id": sid}
+        h.post(url(env), json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+        nested = '{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fs_read_file","arguments":{"path":' \
+            + "[" * 100_000 + "]" * 100_000 + "}}}"
+        for body in (nested, "{not json", '{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"fs_read_file",'
+                     '"arguments":{"path":"' + "x" * 5_000_000 + '"}}}'):
+            r = h.post(url(env), content=body.encode(), headers=session)
+            assert r.status_code in (200, 400, 413), r.text[:300]
+            assert r.status_code != 200 or '"error"' in r.text, r.text[:300]
+    assert httpx.get(f"{env.gateway.url}/health", timeout=5).status_code == 200
+    assert env.gateway.alive()
+
+
+def test_a_client_needs_the_agent_token_and_no_gateway_secret_reaches_the_upstream(env: Env) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong-token-wrong-token"}):
+        r = httpx.post(url(env, "guarded"), json={"jsonrpc": "2.0", "id": 1, "method": "initialize"},
+                       headers={**headers, "Accept": "application/json, text/event-stream"}, timeout=10)
+        assert r.status_code == 401 and r.json()["code"] == "unauthorized"
+
+    async def go() -> Any:
+        async with mcp_session(url(env)) as s:
+            return await s.call_tool("fs_env_names", {})
+
+    names = text(run(go())).split()
+    assert "EFFECTS" in names
+    assert not [n for n in names if n.startswith(("REGENT", "REBUNO"))], names
+
+
+def test_a_changed_definition_is_hidden_and_refused_until_approved_and_new_tools_wait_for_approval(env: Env) -> None:
+    from tests.mcp.conftest import ADMIN_TOKEN, CLIENT_TOKEN
+
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    report = httpx.get(f"{env.gateway.url}/pins/guarded", headers=admin, timeout=30).json()["tools"]
+    states = {t["tool"]: t for t in report}
+    assert states["fs_read_file"]["state"] == "changed"  # the manifest pinned another definition
+    assert states["fs_write_file"]["state"] == "new"  # trust_new_tools is off for this agent
+
+    async def listed_and_called() -> tuple[set[str], Any]:
+        async with mcp_session(url(env, "guarded"), token=CLIENT_TOKEN) as s:
+            names = {t.name for t in (await s.list_tools()).tools}
+            return names, await s.call_tool("fs_read_file", {"path": "x"})
+
+    before = len(env.effect_lines(env.effects.with_name("effects.guarded")))
+    names, refused = run(listed_and_called())
+    assert "fs_read_file" not in names and "fs_write_file" not in names
+    assert refused.isError and "definition changed since it was approved" in text(refused)
+    assert states["fs_read_file"]["sha256"] in text(refused)
+    assert len(env.effect_lines(env.effects.with_name("effects.guarded"))) == before
+    assert 'regent_mcp_pin_refusals_total{agent="guarded",tool="fs_read_file"} 1.0' in env.metrics()
+    eid = env.executions("guarded")[0]["id"]
+    noted = wait_for(lambda: [s for s in env.api.steps(eid) if s["target"] == "mcp.definition_changed"],
+                     "the refusal in the execution's timeline")
+    assert noted[0]["error"]["reason"] == "tool_definition_changed"
+
+    for tool in ("fs_read_file", "fs_write_file"):
+        r = httpx.post(f"{env.gateway.url}/pins/guarded", headers=admin, timeout=30,
+                       json={"tool": tool, "sha256": states[tool]["sha256"]})
+        assert r.status_code == 200, r.text
+    bad = httpx.post(f"{env.gateway.url}/pins/guarded", headers=admin, json={"tool": "fs_big", "sha256": "0" * 64})
+    assert bad.status_code == 409
+    names, allowed = run(listed_and_called())
+    assert {"fs_read_file", "fs_write_file"} <= names and not allowed.isError
+    pinned = collections.Counter(t["state"] for t in
+                                 httpx.get(f"{env.gateway.url}/pins/guarded", headers=admin, timeout=30).json()["tools"])
+    assert pinned["approved"] == 2
