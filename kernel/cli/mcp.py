@@ -40,7 +40,14 @@ def _gateways(args: argparse.Namespace, only: str | None):  # type: ignore[no-un
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
     import uvicorn
+
+    # The SDK logs each request at INFO, and a traceback each time a client ends its session
+    # ("Error in standalone SSE writer": the stream it reads was closed, as it should be).
+    logging.getLogger("mcp").setLevel(logging.WARNING)
+    logging.getLogger("mcp.server.streamable_http").setLevel(logging.CRITICAL)
 
     from kernel.api.transport import guarded_protocol
 

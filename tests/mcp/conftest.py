@@ -9,7 +9,7 @@ import json
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ POLICY = """\
 """
 
 
-def manifest_text(gw_port: int, http_port: int, effects: Path) -> str:
+def manifest_text(gw_port: int, http_port: int, effects: Path, stdio_port: int) -> str:
     py = sys.executable
     return f"""\
 agents:
@@ -56,7 +56,7 @@ agents:
     secret: {SECRET}
 {POLICY}    mcp:
       trust_new_tools: true
-      at_most_once: ["fs_write_*", "fs_slow_*", "web_write_*"]
+      at_most_once: ["fs_write_*", "fs_slow_*", "web_write_*", "web_slow_*"]
       lease_wait_seconds: 40
       approval_wait_seconds: 20
       max_args_bytes: 4096
@@ -70,6 +70,16 @@ agents:
         - prefix: web
           url: http://127.0.0.1:{http_port}/mcp
           headers: {{X-Upstream-Key: upstream-only}}
+  - id: local  # served over stdio: its webhook is the stdio gateway's own port
+    webhook_url: http://127.0.0.1:{stdio_port}/webhooks/local
+    secret: {SECRET}
+{POLICY}    mcp:
+      trust_new_tools: true
+      upstreams:
+        - prefix: fs
+          command: {py}
+          args: [{UPSTREAM}]
+          env: {{EFFECTS: "{effects}.local"}}
   - id: guarded
     webhook_url: http://127.0.0.1:{gw_port}/webhooks/guarded
     secret: {SECRET}
@@ -112,7 +122,7 @@ class Env:
     effects: Path
     http_effects: Path
     pins: Path
-    procs: list[Proc] = field(default_factory=list)
+    stdio_port: int
 
     def effect_lines(self, path: Path | None = None) -> list[dict[str, Any]]:
         p = path or self.effects
@@ -136,10 +146,10 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     with contextlib.ExitStack() as stack:
         db_url = (stack.enter_context(scratch_pg_database("regent_mcp")) if request.param == "postgres"
                   else f"sqlite:///{tmp}/regent.db")
-        gw_port, http_port = free_port(), free_port()
+        gw_port, http_port, stdio_port = free_port(), free_port(), free_port()
         effects, http_effects = tmp / "effects", tmp / "http-effects"
         config = tmp / "regent.yaml"
-        config.write_text(manifest_text(gw_port, http_port, effects))
+        config.write_text(manifest_text(gw_port, http_port, effects, stdio_port))
         upstream = Proc([sys.executable, str(UPSTREAM), "--http", str(http_port)],
                         clean_env(EFFECTS=str(http_effects)), tmp / "http-upstream.out")
         stack.callback(upstream.stop, signal.SIGKILL)
@@ -147,7 +157,8 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         kernel = KernelProc("dev", free_port(), db_url, config, tmp / "kernel.out", **DEV_KERNEL_ENV)
         stack.callback(kernel.stop_gracefully)
         gateway = GatewayProc(config, kernel.url, gw_port, tmp / "gateway.out", tmp / "pins.json")
-        e = Env(kernel, Api(kernel.url), gateway, tmp, config, gw_port, effects, http_effects, tmp / "pins.json")
+        e = Env(kernel, Api(kernel.url), gateway, tmp, config, gw_port, effects, http_effects, tmp / "pins.json",
+                stdio_port)
         stack.callback(lambda: e.gateway.stop(signal.SIGKILL))
         stack.callback(e.api.close)
         yield e

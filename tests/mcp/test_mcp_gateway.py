@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from typing import Any
 
 import httpx
@@ -290,3 +291,93 @@ def test_a_changed_definition_is_hidden_and_refused_until_approved_and_new_tools
     pinned = collections.Counter(t["state"] for t in
                                  httpx.get(f"{env.gateway.url}/pins/guarded", headers=admin, timeout=30).json()["tools"])
     assert pinned["approved"] == 2
+
+
+def test_after_the_gateway_is_killed_mid_call_a_reconnecting_client_replays_and_no_effect_repeats(env: Env) -> None:
+    """kill -9 while an at_most_once write runs upstream; a new gateway, the same session key: the
+    finished write replays its recorded result and the interrupted one is refused as
+    indeterminate; the upstream sees neither again."""
+    import signal
+    import threading
+
+    key = "kill-9-session"
+    started = threading.Event()
+
+    async def first() -> None:
+        async with mcp_session(url(env), key=key) as s:
+            done = await s.call_tool("web_write_file", {"path": "k.txt", "content": "once"})
+            assert not done.isError, text(done)
+            read = await s.call_tool("web_read_file", {"path": "k.txt"})
+            assert text(read) == "once"
+            started.set()
+            # Killed under us: the client's request never gets an answer, so stop waiting for it.
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(s.call_tool("web_slow_write", {"path": "k2.txt", "seconds": 3}), 8)
+
+    def killer() -> None:
+        wait_for(lambda: any(e["tool"] == "slow_write.start" for e in env.effect_lines(env.http_effects)),
+                 "the slow write to start upstream", timeout=60)
+        env.gateway.stop(signal.SIGKILL)
+        env.restart_gateway()  # the kernel re-delivers the execution to the new gateway once the lease lapses
+
+    before = len(env.effect_lines(env.http_effects))
+    t = threading.Thread(target=killer)
+    t.start()
+    with contextlib.suppress(BaseException):  # the connection dies under the client, however it says so
+        run(first())
+    t.join(60)
+    assert started.is_set()
+    eid = next(e["id"] for e in env.executions() if e["input"].get("mcp", {}).get("session_key") == key)
+
+    async def second() -> tuple[Any, Any, Any]:
+        async with mcp_session(url(env), key=key) as s:
+            write = await s.call_tool("web_write_file", {"path": "k.txt", "content": "once"})
+            read = await s.call_tool("web_read_file", {"path": "k.txt"})
+            slow = await s.call_tool("web_slow_write", {"path": "k2.txt", "seconds": 3})
+            return write, read, slow
+
+    write, read, slow = run(second())
+    # The recorded (flattened) results: structured content, its JSON as the text.
+    assert not write.isError and write.structuredContent == {"result": "wrote 4 characters to k.txt"}
+    assert read.structuredContent == {"result": "once"}
+    assert slow.isError and "outcome unknown" in text(slow)
+    upstream = [e["tool"] for e in env.effect_lines(env.http_effects)[before:]]
+    # The first gateway ran each once; the second replayed the write and the read, ran nothing.
+    assert upstream.count("write_file") == 1 and upstream.count("slow_write.start") == 1, upstream
+    assert upstream.count("read_file") == 1, upstream
+    assert env.executions()[0]["id"] == eid or any(e["id"] == eid for e in env.executions())
+    steps = env.api.steps(eid)
+    by = collections.Counter((s["target"], s["status"]) for s in steps)
+    assert by[("web_write_file", "succeeded")] == 1 and by[("web_slow_write", "failed")] == 1, by
+    assert 'decision="replay"' in env.metrics()
+
+
+def test_a_client_that_launches_the_gateway_over_stdio_is_governed_the_same(env: Env) -> None:
+    import sys
+
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    from tests.e2e.conftest import clean_env
+
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "kernel", "mcp", "serve", "--stdio", "--agent", "local", "--config", str(env.config),
+              "--kernel", env.kernel.url, "--port", str(env.stdio_port), "--pins-file", str(env.pins)],
+        env=clean_env(REGENT_LOG_LEVEL="warning"), cwd=str(env.tmp))
+
+    async def go() -> tuple[set[str], Any, Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            names = {t.name for t in (await s.list_tools()).tools}
+            ok = await s.call_tool("fs_read_file", {"path": "stdio"})
+            denied = await s.call_tool("fs_delete_file", {"path": "stdio"})
+            return names, ok, denied
+
+    names, ok, denied = run(go())
+    assert "fs_read_file" in names and not ok.isError
+    assert text(denied) == "rebuno_refusal: denied reason=deletes are not allowed"
+    stdio_runs = [e for e in env.executions("local") if e["input"] == {"mcp": {"transport": "stdio"}}]
+    assert stdio_runs
+    steps = env.api.steps(stdio_runs[0]["id"])
+    assert {(s["target"], s["status"]) for s in steps} == {("fs_read_file", "succeeded"), ("fs_delete_file", "denied")}
