@@ -146,9 +146,10 @@ class Gateways:
             await _error(401, "unauthorized", "missing or invalid bearer token")(scope, receive, send)
             return
         if scope.get("method") == "POST":
-            receive = await self._vetted(scope, receive, send)
-            if receive is None:
+            vetted = await self._vetted(scope, receive, send)
+            if vetted is None:
                 return
+            receive = vetted
         await self.managers[agent_id].handle_request(scope, receive, send)
 
     async def _vetted(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:

@@ -108,6 +108,7 @@ def test_a_write_waits_for_its_approval_with_progress_and_runs_once_granted_or_i
 
     before = len(env.effect_lines())
     granted, denied, a1, a2 = run(go())
+    assert a2["args"] == {"path": "w.txt", "content": "no"}
     assert not granted.isError and text(granted) == "wrote 3 characters to w.txt"
     assert a1["target"] == "fs_write_file" and a1["args"] == {"path": "w.txt", "content": "yes"}
     assert any(m.startswith(f"waiting for approval {a1['id']}") for m in progress), progress
