@@ -68,7 +68,9 @@ class Gateways:
         self.managers: dict[str, StreamableHTTPSessionManager] = {}
 
     async def start(self) -> None:
-        await asyncio.gather(*(g.refresh() for g in self.agents.values()))
+        """Start the upstreams in the background: the webhook must answer the kernel's deliveries
+        at once (a restarted gateway that is slow to listen costs delivery attempts)."""
+        self._starting = [asyncio.create_task(g.refresh()) for g in self.agents.values()]
 
     async def close(self) -> None:
         await self.book.close()

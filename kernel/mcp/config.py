@@ -10,7 +10,7 @@ from typing import Any
 
 _KEYS = ("upstreams", "client_token", "at_most_once", "pins", "trust_new_tools", "approval_wait_seconds",
          "lease_wait_seconds", "call_timeout_seconds", "max_args_bytes", "max_result_bytes",
-         "resume_seconds")
+         "resume_seconds", "record_before_answer")
 _UPSTREAM_KEYS = ("prefix", "command", "args", "env", "cwd", "url", "headers", "timeout_seconds")
 # The SDK's `{prefix}_{name}`: a prefix is a plain identifier so the joined name stays one.
 _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
@@ -50,6 +50,7 @@ class McpAgent:
     max_args_bytes: int = 256 * 1024
     max_result_bytes: int = 1024 * 1024
     resume_seconds: float = 300.0  # a keyed session's execution stays open this long after it ends
+    record_before_answer: bool = False  # record a result before answering it (else while answering)
 
 
 def _seconds(value: Any, key: str) -> float:
@@ -127,6 +128,9 @@ def parse_mcp(raw: Any) -> McpAgent:
     trust = raw.get("trust_new_tools", False)
     if not isinstance(trust, bool):
         raise McpConfigError("`mcp.trust_new_tools` must be true or false")
+    strict = raw.get("record_before_answer", False)
+    if not isinstance(strict, bool):
+        raise McpConfigError("`mcp.record_before_answer` must be true or false")
     sizes = {}
     for key in ("max_args_bytes", "max_result_bytes"):
         if key in raw:
@@ -138,4 +142,4 @@ def parse_mcp(raw: Any) -> McpAgent:
                                                 "call_timeout_seconds", "resume_seconds") if k in raw}
     return McpAgent(upstreams=upstreams, client_token=token,
                     at_most_once=_strings(raw.get("at_most_once", []), "mcp.at_most_once"),
-                    pins=dict(pins), trust_new_tools=trust, **sizes, **waits)  # type: ignore[arg-type]
+                    pins=dict(pins), trust_new_tools=trust, record_before_answer=strict, **sizes, **waits)  # type: ignore[arg-type]

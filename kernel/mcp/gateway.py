@@ -4,6 +4,7 @@ bound to an execution of the agent."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import json
@@ -23,7 +24,7 @@ from kernel.mcp.catalog import APPROVED, CHANGED, Entry, Metrics, build
 from kernel.mcp.config import McpAgent
 from kernel.mcp.leases import AgentLink, LeaseBook, Slot
 from kernel.mcp.pins import PinStore
-from kernel.mcp.upstream import UpstreamConn, UpstreamError
+from kernel.mcp.upstream import CONNECT_TIMEOUT_SECONDS, UpstreamConn, UpstreamError
 
 log = logging.getLogger("regent.mcp")
 
@@ -57,21 +58,31 @@ class AgentGateway:
         self.live: set[ServerSession] = set()
         self.server = self._server()
         self.stdio_session_key: str | None = None
+        self.ready = asyncio.Event()
+        self._validators: dict[str, Any] = {}
 
     # -- the catalog ------------------------------------------------------------------------------
 
     async def refresh(self) -> None:
-        for up in self.upstreams:
+        async def one(up: UpstreamConn) -> None:
             try:
                 await up.ensure()
             except UpstreamError as e:
                 log.warning("%s: %s", self.agent_id, e)
+
+        await asyncio.gather(*(one(up) for up in self.upstreams))
         self.catalog = build(self.agent_id, self.cfg, self.upstreams, self.pins)
+        self.ready.set()
+
+    async def _catalog(self) -> dict[str, Entry]:
+        """The catalog, once the upstreams have first been asked (bounded by their start-up)."""
+        if not self.ready.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ready.wait(), CONNECT_TIMEOUT_SECONDS + 5)
+        return self.catalog
 
     def _tools_changed(self) -> None:
         self.catalog = build(self.agent_id, self.cfg, self.upstreams, self.pins)
-        import asyncio
-
         for s in list(self.live):
             asyncio.get_running_loop().create_task(_quietly(s.send_tool_list_changed()))
 
@@ -157,7 +168,7 @@ class AgentGateway:
         @server.list_tools()  # type: ignore[untyped-decorator]
         async def list_tools() -> list[types.Tool]:
             await gw._session()
-            return [e.offered() for e in gw.catalog.values() if e.state == APPROVED]
+            return [e.offered() for e in (await gw._catalog()).values() if e.state == APPROVED]
 
         async def call_tool(req: types.CallToolRequest) -> types.ServerResult:
             return types.ServerResult(await gw.call(req))
@@ -223,7 +234,7 @@ class AgentGateway:
     async def call(self, req: types.CallToolRequest) -> types.CallToolResult:
         _, slot = await self._session()
         name = req.params.name
-        entry = self.catalog.get(name)
+        entry = (await self._catalog()).get(name)
         if entry is None:
             raise GatewayError(types.INVALID_PARAMS, f"unknown tool {name[:200]!r}")
         if entry.state != APPROVED:
@@ -236,11 +247,24 @@ class AgentGateway:
         if size > self.cfg.max_args_bytes:
             raise GatewayError(types.INVALID_PARAMS, f"arguments are {size} bytes, over the gateway's "
                                f"{self.cfg.max_args_bytes}")
-        problem = _schema_problem(entry.tool.inputSchema, args)
+        problem = _schema_problem(self._validator(entry), args)
         if problem:
             raise GatewayError(types.INVALID_PARAMS, f"arguments do not match {name}'s input schema: {problem}")
         call: Call = self.caller.new_call(entry, args, slot)
         return await self.caller.run(slot, call, self._progress(req))
+
+    def _validator(self, entry: Entry) -> Any:
+        """The tool's input-schema validator, built once per definition."""
+        if entry.digest not in self._validators:
+            schema = entry.tool.inputSchema
+            try:
+                v = jsonschema.validators.validator_for(schema)(schema) if isinstance(schema, dict) and schema else None
+            except (jsonschema.exceptions.SchemaError, TypeError, ValueError):
+                v = None
+            if len(self._validators) > 4096:
+                self._validators.clear()
+            self._validators[entry.digest] = v
+        return self._validators[entry.digest]
 
     async def _unpinned(self, slot: Slot, entry: Entry) -> types.CallToolResult:
         if entry.state == CHANGED:
@@ -287,11 +311,10 @@ class AgentGateway:
             await up.close()
 
 
-def _schema_problem(schema: Any, args: dict[str, Any]) -> str:
-    if not isinstance(schema, dict) or not schema:
+def _schema_problem(validator: Any, args: dict[str, Any]) -> str:
+    if validator is None:
         return ""
     try:
-        validator = jsonschema.validators.validator_for(schema)(schema)
         err = next(iter(validator.iter_errors(args)), None)
     except (jsonschema.exceptions.SchemaError, RecursionError, TypeError, ValueError) as e:
         return f"the upstream's schema cannot be checked ({type(e).__name__})"

@@ -91,6 +91,7 @@ class Slot:
     in_dispatch: Counter[tuple[str, str]] = field(default_factory=Counter)  # … under the current lease
     unanswered: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # answered "pending approval"
     submit_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    pending: set[asyncio.Task[None]] = field(default_factory=set)  # step outcomes being recorded
     heartbeat: asyncio.Task[None] | None = None
     ended: bool = False
 
@@ -166,6 +167,8 @@ class LeaseBook:
             return
         s.ended = True
         s.changed.set()
+        if s.pending:
+            await asyncio.gather(*s.pending, return_exceptions=True)
         lease = s.lease
         if lease is not None:
             with contextlib.suppress(httpx.HTTPError):

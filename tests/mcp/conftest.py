@@ -154,7 +154,10 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                         clean_env(EFFECTS=str(http_effects)), tmp / "http-upstream.out")
         stack.callback(upstream.stop, signal.SIGKILL)
         wait_for(lambda: _listening(http_port), f"the HTTP upstream\n{upstream.output()}", timeout=60)
-        kernel = KernelProc("dev", free_port(), db_url, config, tmp / "kernel.out", **DEV_KERNEL_ENV)
+        # Attempts are generous: a gateway restarted on a loaded machine can take many seconds to
+        # listen, and each refused delivery meanwhile is an attempt.
+        kernel = KernelProc("dev", free_port(), db_url, config, tmp / "kernel.out",
+                            **{**DEV_KERNEL_ENV, "REGENT_DISPATCH_MAX_ATTEMPTS": "200"})
         stack.callback(kernel.stop_gracefully)
         gateway = GatewayProc(config, kernel.url, gw_port, tmp / "gateway.out", tmp / "pins.json")
         e = Env(kernel, Api(kernel.url), gateway, tmp, config, gw_port, effects, http_effects, tmp / "pins.json",
