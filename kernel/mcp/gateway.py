@@ -43,6 +43,7 @@ class ClientSession:
 
     slot: Slot | None = None
     sessions: set[ServerSession] = field(default_factory=set)
+    binding: asyncio.Lock = field(default_factory=asyncio.Lock)  # two first requests make one execution
 
 
 _CURRENT: contextvars.ContextVar[ClientSession | None] = contextvars.ContextVar("regent_mcp_session", default=None)
@@ -109,6 +110,13 @@ class AgentGateway:
         self.live.add(ctx.session)
         if cs.slot is not None:
             return cs, cs.slot
+        async with cs.binding:
+            if cs.slot is None:
+                cs.slot = await self._bind(ctx)
+        return cs, cs.slot
+
+    async def _bind(self, ctx: Any) -> Slot:
+        """Create (or, with a session key, find) the session's execution."""
         token, key = None, self.stdio_session_key
         request = ctx.request
         if request is not None:
@@ -133,9 +141,8 @@ class AgentGateway:
         slot = self.book.slot(execution["id"], self.link)
         slot.attached += 1
         slot.resume_seconds = self.cfg.resume_seconds if key else 0.0
-        cs.slot = slot
         log.info("%s: session bound to execution %s", self.agent_id, execution["id"])
-        return cs, slot
+        return slot
 
     async def session_ended(self, cs: ClientSession) -> None:
         for s in cs.sessions:

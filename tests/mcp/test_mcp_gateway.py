@@ -23,9 +23,13 @@ def url(env: Env, agent: str = "files") -> str:
     return f"{env.gateway.url}/mcp/{agent}"
 
 
-def newest_steps(env: Env) -> list[dict[str, Any]]:
-    eid = env.executions()[0]["id"]
-    return env.api.steps(eid)
+def newest_steps(env: Env, agent: str = "files") -> list[dict[str, Any]]:
+    """The steps of the agent's newest execution once none is still `executing`: the gateway
+    records an outcome while it answers the call (docs/mcp.md), so the record may land just after."""
+    eid = env.executions(agent)[0]["id"]
+    return list(wait_for(lambda: (steps := env.api.steps(eid)) and
+                         all(s["status"] != "executing" for s in steps) and steps,
+                         f"the steps of {eid} to settle", timeout=20))
 
 
 def test_tools_are_listed_under_the_sdk_names_and_an_allowed_call_runs_once_and_is_recorded(env: Env) -> None:
@@ -56,6 +60,8 @@ def test_tools_are_listed_under_the_sdk_names_and_an_allowed_call_runs_once_and_
     # The session ended: its execution is complete, and the console's timeline reads it like any other.
     done = env.api.wait_status(execution["id"], "completed")
     assert done["input"] == {"mcp": {"transport": "http"}}
+    page = httpx.get(f"{env.kernel.url}/console/executions/{execution['id']}", timeout=30)
+    assert page.status_code == 200 and "fs_read_file" in page.text and "web_stat" in page.text
     assert 'regent_mcp_calls_total{agent="files",decision="proceed",upstream="fs"}' in env.metrics()
 
 
@@ -382,3 +388,30 @@ def test_a_client_that_launches_the_gateway_over_stdio_is_governed_the_same(env:
     assert stdio_runs
     steps = env.api.steps(stdio_runs[0]["id"])
     assert {(s["target"], s["status"]) for s in steps} == {("fs_read_file", "succeeded"), ("fs_delete_file", "denied")}
+
+
+def test_an_upstream_list_change_reaches_the_client_and_the_new_tool_is_offered(env: Env) -> None:
+    from mcp import ClientSession, types
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def go() -> tuple[set[str], Any]:
+        changed = asyncio.Event()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ServerNotification) and \
+                    isinstance(message.root, types.ToolListChangedNotification):
+                changed.set()
+
+        async with (streamable_http_client(url(env)) as (read, write, _),
+                    ClientSession(read, write, message_handler=on_message) as s):
+            await s.initialize()
+            await s.list_tools()
+            added = await s.call_tool("fs_add_tool", {"name": "extra_one"})
+            assert not added.isError, text(added)
+            await asyncio.wait_for(changed.wait(), 30)
+            names = {t.name for t in (await s.list_tools()).tools}
+            return names, await s.call_tool("fs_extra_one", {})
+
+    names, result = run(go())
+    assert "fs_extra_one" in names  # trust_new_tools: pinned as first seen
+    assert not result.isError and "extra extra_one" in text(result)

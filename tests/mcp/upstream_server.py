@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from mcp.server.fastmcp import FastMCP
+from mcp.server.fastmcp import Context, FastMCP
 
 port = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[1] == "--http" else 8000
 server = FastMCP("files", host="127.0.0.1", port=port)
@@ -87,6 +87,18 @@ def env_names() -> str:
 def broken() -> str:
     effect("broken")
     raise ValueError("the disk is on fire")
+
+
+@server.tool(description="Add a tool named `name` and announce the change.")
+async def add_tool(name: str, ctx: Context) -> str:  # type: ignore[type-arg]
+    effect("add_tool", name=name)
+
+    def extra() -> str:
+        return f"extra {name}"
+
+    server.add_tool(extra, name=name, description=f"An added tool, {name}.")
+    await ctx.session.send_tool_list_changed()
+    return f"added {name}"
 
 
 @server.resource("file://readme")
