@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from bench.client import Agent, Lease, percentile, round_trip
+from bench.client import Agent, Lease, percentile, proc_cpu, round_trip
 from bench.scenarios import LocalScenario, Profile, Result
 from bench.servers import DEFAULT_PG_URL, ROOT, free_port, pg_scratch, serve
 
@@ -154,7 +154,6 @@ agents:
             gw_port, {"REGENT_MCP_KERNEL_TOKEN": token, "REGENT_LOG_LEVEL": "warning"}, tmp))
         _wait(f"http://127.0.0.1:{up_port}/mcp", "the upstream")
         _wait(f"{gw.url}/health", "regent mcp")
-        del up
         r = httpx.post(f"{kernel.url}/v0/executions", json={"agent_id": "bench-plain", "input": None},
                        headers={"Authorization": f"Bearer {token}"}, timeout=30)
         r.raise_for_status()
@@ -165,11 +164,17 @@ agents:
         if eid not in _Receiver.leases:
             raise RuntimeError("the plain agent's execution was never delivered")
         plain = Agent(kernel.url, "bench-plain", SECRET)
+        procs = {"gateway": gw.proc.pid, "kernel": kernel.proc.pid, "upstream": up.proc.pid}
+        before = {k: proc_cpu(pid) for k, pid in procs.items()}
         try:
-            return asyncio.run(_measure(f"{gw.url}/mcp/bench-mcp", f"http://127.0.0.1:{up_port}/mcp", plain,
-                                        _Receiver.leases[eid], n, seconds, warmup))
+            out = asyncio.run(_measure(f"{gw.url}/mcp/bench-mcp", f"http://127.0.0.1:{up_port}/mcp", plain,
+                                       _Receiver.leases[eid], n, seconds, warmup))
         finally:
             plain.http.close()
+        calls = len(out["gateway"]) + warmup
+        # CPU seconds per interleaved round (a gateway call, a direct call, a plain round trip).
+        out.update({f"cpu_{k}": [(proc_cpu(pid) - before[k]) / calls] for k, pid in procs.items()})
+        return out
 
 
 def _stats(lat: list[float]) -> dict[str, Any]:
@@ -194,7 +199,8 @@ def _run(p: Profile) -> list[Result]:
         except Exception as e:
             results.append(Result("mcp: gateway overhead", name, error=f"{type(e).__name__}: {e}"))
             continue
-        st = {k: _stats(v) for k, v in m.items()}
+        cpu = {k[4:]: v[0] for k, v in m.items() if k.startswith("cpu_")}
+        st = {k: _stats(v) for k, v in m.items() if not k.startswith("cpu_")}
         added = st["gateway"]["p50"] - st["direct"]["p50"]
         ratio = added / st["plain"]["p50"] if st["plain"]["p50"] else float("nan")
         for k, label in (("gateway", "tools/call through regent mcp"), ("direct", "tools/call to the upstream"),
@@ -205,6 +211,9 @@ def _run(p: Profile) -> list[Result]:
             f"mcp ({name}): (gateway − direct) ÷ plain round trip, p50",
             f"{ratio:.2f}× ({added * 1e3:.2f} ms added; round trip {st['plain']['p50'] * 1e3:.2f} ms)",
             f"≤ {GOAL}×"))
+        results[-1].figures.append((
+            f"mcp ({name}): CPU per round of the three, by process",
+            ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in cpu.items()), "–"))
     return results
 
 
