@@ -44,6 +44,11 @@ POLICY = """\
           then:
             decision: allow
             rate_limit: {max_calls: 2, window: 1h, per_what: execution}
+        - id: env-parks
+          when: {target: fs_env_names}
+          then:
+            decision: allow
+            rate_limit: {max_calls: 1, window: 2s, per_what: execution, max_wait: 15s}
 """
 
 

@@ -415,3 +415,17 @@ def test_an_upstream_list_change_reaches_the_client_and_the_new_tool_is_offered(
     names, result = run(go())
     assert "fs_extra_one" in names  # trust_new_tools: pinned as first seen
     assert not result.isError and "extra extra_one" in text(result)
+
+
+def test_a_call_parked_by_a_rate_limit_waits_for_the_redelivery_and_then_runs(env: Env) -> None:
+    async def go() -> list[Any]:
+        async with mcp_session(url(env)) as s:
+            return [await s.call_tool("fs_env_names", {}) for _ in range(2)]
+
+    before = len(env.effect_lines())
+    first, second = run(go())
+    assert not first.isError and not second.isError, text(second)
+    assert [e["tool"] for e in env.effect_lines()[before:]] == ["env_names", "env_names"]
+    eid = env.executions()[0]["id"]
+    types = env.api.types(eid)
+    assert "step.rate_limited" in types and types.count("dispatch.queued") >= 2  # parked, then delivered again
