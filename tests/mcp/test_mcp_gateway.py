@@ -429,3 +429,53 @@ def test_a_call_parked_by_a_rate_limit_waits_for_the_redelivery_and_then_runs(en
     eid = env.executions()[0]["id"]
     types = env.api.types(eid)
     assert "step.rate_limited" in types and types.count("dispatch.queued") >= 2  # parked, then delivered again
+
+
+def test_a_client_may_present_a_kernel_api_key_and_needs_executions_write(env: Env) -> None:
+    keys = {}
+    for name, scopes in (("mcp-writer", ["executions:write"]), ("mcp-reader", ["executions:read"])):
+        r = env.api.http.post("/v0/api-keys", json={"name": name, "scopes": scopes})
+        assert r.status_code == 201, r.text
+        keys[name] = r.json()["token"]
+
+    async def call(token: str) -> Any:
+        async with mcp_session(url(env), token=token) as s:
+            return await s.call_tool("fs_read_file", {"path": "keyed"})
+
+    assert not run(call(keys["mcp-writer"])).isError
+    assert "refused to start this session's execution: 403" in _raised(call(keys["mcp-reader"]))
+    assert "refused to start this session's execution: 401" in _raised(call("rbk_not.a-real-key"))
+
+
+def _raised(coro: Any) -> str:
+    """The messages of the McpErrors a session raised (the client's task groups wrap them)."""
+    try:
+        run(coro)
+    except BaseException as e:
+        found: list[str] = []
+
+        def walk(x: BaseException) -> None:
+            if isinstance(x, McpError):
+                found.append(str(x))
+            for inner in getattr(x, "exceptions", ()):
+                walk(inner)
+        walk(e)
+        return " | ".join(found)
+    return "no error"
+
+
+def test_the_webhook_takes_only_the_kernels_signed_deliveries(env: Env) -> None:
+    from tests.e2e.conftest import sign_webhook
+    from tests.mcp.conftest import SECRET
+
+    hook = f"{env.gateway.url}/webhooks/files"
+    body = b'{"execution_id":"x","dispatch_id":"y","dispatch_attempt":1,"lease_timeout_seconds":5}'
+    assert httpx.post(hook, content=body, headers={"Rebuno-Signature": "sha256=00"}).status_code == 401
+    assert httpx.post(hook, content=body).status_code == 401
+    for bad in (b"{", b"[]", b'{"execution_id":"x"}', b'{"execution_id":"x","dispatch_id":"y","dispatch_attempt":"z"}'):
+        r = httpx.post(hook, content=bad, headers={"Rebuno-Signature": sign_webhook(SECRET, bad)})
+        assert r.status_code == 400, (bad, r.text)
+    big = b"x" * 100_000
+    assert httpx.post(hook, content=big, headers={"Rebuno-Signature": sign_webhook(SECRET, big)}).status_code == 401
+    assert httpx.post(f"{env.gateway.url}/webhooks/nobody", content=body).status_code == 404
+    assert env.gateway.alive()
