@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import hashlib
 import json
 import logging
 import time
@@ -117,7 +118,7 @@ class AgentGateway:
 
     async def _bind(self, ctx: Any) -> Slot:
         """Create (or, with a session key, find) the session's execution."""
-        token, key = None, self.stdio_session_key
+        token, key, bearer = None, self.stdio_session_key, ""
         request = ctx.request
         if request is not None:
             auth = request.headers.get("authorization", "")
@@ -128,7 +129,10 @@ class AgentGateway:
             raise GatewayError(types.INVALID_PARAMS, f"{SESSION_KEY_HEADER} must be 1-{_MAX_SESSION_KEY} printable characters")
         input_ = {"mcp": {"transport": "stdio" if request is None else "http", **({"session_key": key} if key else {})}}
         try:
-            r = await self.link.create_execution(token, input_, f"mcp-session:{key}" if key else None)
+            # The key is the client's, under its credential: another credential naming the same key
+            # gets an execution of its own, never this one's recorded results.
+            owner = hashlib.sha256(bearer.encode("utf-8")).hexdigest()[:16]
+            r = await self.link.create_execution(token, input_, f"mcp-session:{owner}:{key}" if key else None)
         except httpx.HTTPError as e:
             raise GatewayError(types.INTERNAL_ERROR, f"the kernel is unreachable: {type(e).__name__}") from None
         if r.status_code not in (200, 201):

@@ -433,7 +433,8 @@ def test_a_call_parked_by_a_rate_limit_waits_for_the_redelivery_and_then_runs(en
 
 def test_a_client_may_present_a_kernel_api_key_and_needs_executions_write(env: Env) -> None:
     keys = {}
-    for name, scopes in (("mcp-writer", ["executions:write"]), ("mcp-reader", ["executions:read"])):
+    for name, scopes in (("mcp-writer", ["executions:write"]), ("mcp-other", ["executions:write"]),
+                         ("mcp-reader", ["executions:read"])):
         r = env.api.http.post("/v0/api-keys", json={"name": name, "scopes": scopes})
         assert r.status_code == 201, r.text
         keys[name] = r.json()["token"]
@@ -443,6 +444,17 @@ def test_a_client_may_present_a_kernel_api_key_and_needs_executions_write(env: E
             return await s.call_tool("fs_read_file", {"path": "keyed"})
 
     assert not run(call(keys["mcp-writer"])).isError
+
+    async def keyed(token: str) -> str:
+        async with mcp_session(url(env), token=token, key="shared-key") as s:
+            await s.call_tool("fs_read_file", {"path": "keyed"})
+        return str(next(e["id"] for e in env.executions() if e["input"]["mcp"].get("session_key") == "shared-key"
+                        and e["id"] not in seen))
+
+    seen: set[str] = set()
+    mine = run(keyed(keys["mcp-writer"]))
+    seen.add(mine)
+    assert run(keyed(keys["mcp-other"])) != mine  # the same key under another credential: its own execution
     assert "refused to start this session's execution: 403" in _raised(call(keys["mcp-reader"]))
     assert "refused to start this session's execution: 401" in _raised(call("rbk_not.a-real-key"))
 
