@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from kernel.errors import ConfigError
 
@@ -51,6 +52,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from kernel.api.transport import guarded_protocol
 
+    if args.stdio and args.gateway:
+        if args.agent is None:
+            raise ConfigError("--stdio serves one agent: name it with --agent")
+        return asyncio.run(_bridge(args))
     gws = _gateways(args, args.agent)
     if args.stdio:
         if args.agent is None:
@@ -83,6 +88,37 @@ async def _stdio(gws, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
     finally:
         web.should_exit = True
         await web_task
+    return 0
+
+
+async def _bridge(args: argparse.Namespace) -> int:
+    """stdin/stdout ↔ a running HTTP gateway's /mcp/<agent>, message for message: the gateway
+    there holds the agent's deliveries, so any number of local clients can share one agent."""
+    import anyio
+    import httpx
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.server.stdio import stdio_server
+
+    headers = {}
+    token = os.environ.get("REGENT_MCP_CLIENT_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    if args.session_key:
+        headers["X-Regent-Session-Key"] = args.session_key
+    url = f"{args.gateway.rstrip('/')}/mcp/{args.agent}"
+
+    async def pump(source: Any, sink: Any) -> None:
+        async for message in source:
+            if not isinstance(message, Exception):  # a line that was not JSON-RPC: the transport logged it
+                await sink.send(message)
+
+    async with (httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30.0, read=3600.0)) as http,
+                streamable_http_client(url, http_client=http) as (up_read, up_write, _),
+                stdio_server() as (client_read, client_write),
+                anyio.create_task_group() as tg):
+        tg.start_soon(pump, up_read, client_write)
+        await pump(client_read, up_write)
+        tg.cancel_scope.cancel()
     return 0
 
 
@@ -119,6 +155,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     sp.add_argument("--port", type=int, default=8070, help="MCP, webhooks, /metrics and the pin API")
     sp.add_argument("--agent", help="serve this agent only (required with --stdio)")
     sp.add_argument("--stdio", action="store_true", help="one MCP client on stdin/stdout")
+    sp.add_argument("--gateway", help="with --stdio: relay to this running HTTP gateway (its URL) instead of "
+                    "serving the agent here; the bearer is REGENT_MCP_CLIENT_TOKEN")
     sp.add_argument("--session-key", dest="session_key",
                     help="with --stdio: resume the execution of this key (a restarted client replays)")
     sp.add_argument("--pins-file", dest="pins_file", help="approved tool definitions (REGENT_MCP_PINS_FILE)")

@@ -491,3 +491,32 @@ def test_the_webhook_takes_only_the_kernels_signed_deliveries(env: Env) -> None:
     assert httpx.post(hook, content=big, headers={"Rebuno-Signature": sign_webhook(SECRET, big)}).status_code == 401
     assert httpx.post(f"{env.gateway.url}/webhooks/nobody", content=body).status_code == 404
     assert env.gateway.alive()
+
+
+def test_a_stdio_client_can_relay_to_the_running_http_gateway(env: Env) -> None:
+    """`--stdio --gateway URL`: no webhook of its own; the HTTP gateway governs the calls."""
+    import sys
+
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    from tests.e2e.conftest import clean_env
+
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "kernel", "mcp", "serve", "--stdio", "--agent", "files", "--gateway", env.gateway.url,
+              "--session-key", "relayed"],
+        env=clean_env(REGENT_LOG_LEVEL="warning"), cwd=str(env.tmp))
+
+    async def go() -> tuple[set[str], Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            names = {t.name for t in (await s.list_tools()).tools}
+            return names, await s.call_tool("fs_delete_file", {"path": "relay"})
+
+    names, result = run(go())
+    assert {"fs_read_file", "web_read_file"} <= names
+    assert result.isError and text(result) == "rebuno_refusal: denied reason=deletes are not allowed"
+    keyed = [e for e in env.executions() if e["input"]["mcp"].get("session_key") == "relayed"]
+    assert len(keyed) == 1 and keyed[0]["input"]["mcp"]["transport"] == "http"
+    assert [(s["target"], s["status"]) for s in env.api.steps(keyed[0]["id"])] == [("fs_delete_file", "denied")]
