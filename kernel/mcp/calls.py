@@ -234,9 +234,9 @@ class Caller:
     async def _record_soon(self, slot: Slot, request: Coroutine[Any, Any, httpx.Response]) -> None:
         """Record an upstream answer while it goes back to the client (unless the manifest says
         `record_before_answer`). The session's next submission waits for it, so the timeline keeps
-        the calls' order. Why not first: the record is half a step round trip, and waiting for it
-        made the gateway cost 1.6-2.1 round trips over a direct call at p50 instead of ~1
-        (bench/mcp.py); what is given up is narrow (docs/mcp.md, "When the result is recorded")."""
+        the calls' order. Why not first: the record is half a step round trip: waiting for it, the
+        gateway added 2.09 plain round trips to a direct call at p50 on SQLite; recording while
+        answering, 1.44-1.71 (bench/mcp.py, a loaded 2-CPU machine); what is given up is narrow (docs/mcp.md, "When the result is recorded")."""
         task = asyncio.get_running_loop().create_task(self._record(request))
         slot.pending.add(task)
         task.add_done_callback(slot.pending.discard)
