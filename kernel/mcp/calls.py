@@ -236,7 +236,8 @@ class Caller:
         `record_before_answer`). The session's next submission waits for it, so the timeline keeps
         the calls' order. Why not first: the record is half a step round trip: waiting for it, the
         gateway added 2.09 plain round trips to a direct call at p50 on SQLite; recording while
-        answering, 1.44-1.71 (bench/mcp.py, a loaded 2-CPU machine); what is given up is narrow (docs/mcp.md, "When the result is recorded")."""
+        answering, 1.44-1.71 (bench/mcp.py, a loaded 2-CPU machine). What is given up is narrow
+        (docs/mcp.md, "When the result is recorded")."""
         task = asyncio.get_running_loop().create_task(self._record(request))
         slot.pending.add(task)
         task.add_done_callback(slot.pending.discard)
