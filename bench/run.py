@@ -34,6 +34,7 @@ from bench.client import Run, percentile
 from bench.console import CONSOLE
 from bench.dispatch import DISPATCH
 from bench.judge import JUDGE
+from bench.mcp import MCP
 from bench.scenarios import (
     FULL,
     LOCAL_SCENARIOS,
@@ -62,6 +63,7 @@ if not console.is_terminal:
 TARGETS = ("bare", "sqlite", "postgres", "sqlite-norecord", "postgres-norecord")
 NORECORD = {"REGENT_RECORD_DECISIONS": "false"}
 LOCAL = [*LOCAL_SCENARIOS, JUDGE, SESSIONS, DISPATCH]  # in-process, or with servers of their own, after the shared targets
+LOCAL = [*LOCAL, MCP]  # bench/mcp.py: the MCP gateway's overhead, its own servers
 
 
 # -- running -----------------------------------------------------------------------------------------

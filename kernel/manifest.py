@@ -20,12 +20,13 @@ from kernel.core.agents import MIN_LEASE_SECONDS, register_agent, validate_agent
 from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
 from kernel.errors import ConfigError
 from kernel.errors import ValidationError as FieldError
+from kernel.mcp.config import McpAgent, McpConfigError, parse_mcp
 from kernel.yamldoc import SafeLoader12
 
 log = logging.getLogger("kernel.manifest")
 
 _AGENT_KEYS = ("id", "webhook_url", "secret", "lease_timeout_seconds", "policy", "policy_file", "judge_provider",
-               "bundle", "shadow_policy", "shadow_policy_file")
+               "bundle", "shadow_policy", "shadow_policy_file", "mcp")
 # `bundle:` pulls the agent's bundle from a bundle server (docs/policy-rollout.md).
 _BUNDLE_KEYS = ("url", "resource", "min_delay_seconds", "max_delay_seconds", "verification_key", "key_id",
                 "algorithm", "scope", "keys")
@@ -69,6 +70,7 @@ class ManifestAgent:
     bundle: ManifestBundle | None = None
     shadow_policy: str | None = None  # a shadow (candidate) bundle, inline
     shadow_policy_file: Path | None = None
+    mcp: McpAgent | None = None  # `regent mcp`'s upstreams for this agent (docs/mcp.md)
 
     @property
     def policy_source(self) -> PolicySource | None:
@@ -224,10 +226,17 @@ class _Parser:
         shadow = self.inline_policy(fields["shadow_policy"], agent_id, "shadow_policy") if "shadow_policy" in fields else None
         shadow_file = (self.file_path(fields["shadow_policy_file"], "shadow_policy_file", f"agent {agent_id!r}")
                        if "shadow_policy_file" in fields else None)
+        mcp = self.mcp(fields["mcp"], agent_id) if "mcp" in fields else None
         return ManifestAgent(id=agent_id, webhook_url=webhook_url, secret=secret, line=node.start_mark.line + 1,
                              lease_timeout_seconds=lease, policy=policy, policy_file=policy_file,
                              judge_provider=judge, bundle=bundle, shadow_policy=shadow,
-                             shadow_policy_file=shadow_file)
+                             shadow_policy_file=shadow_file, mcp=mcp)
+
+    def mcp(self, node: Node, agent_id: str) -> McpAgent:
+        try:
+            return parse_mcp(self._constructor.construct_object(node, deep=True))
+        except McpConfigError as exc:
+            raise self.fail(node, f"agent {agent_id!r}: {exc}") from None
 
     def bundle(self, node: Node, agent_id: str) -> ManifestBundle:
         fields = self.mapping(node, f"agent {agent_id!r} bundle", allowed=_BUNDLE_KEYS)

@@ -11,11 +11,11 @@ import logging
 import os
 from collections.abc import Sequence
 
-from kernel.cli import bench, chaos, gateway, keys, migrate, policy, server
+from kernel.cli import bench, chaos, gateway, keys, mcp, migrate, policy, server
 from kernel.cli.common import console
 from kernel.errors import ConfigError
 
-GROUPS = (server, migrate, bench, chaos, policy, gateway, keys)
+GROUPS = (server, migrate, bench, chaos, policy, gateway, keys, mcp)
 
 
 def build_parser() -> argparse.ArgumentParser:

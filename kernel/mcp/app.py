@@ -1,0 +1,245 @@
+"""The gateway's HTTP face: MCP over streamable HTTP at /mcp/{agent}, the kernel's webhook at
+/webhooks/{agent}, /metrics, and the pin API; and the stdio runner for clients that launch
+`regent mcp --stdio` themselves."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from kernel.identity import whole_number
+from kernel.manifest import Manifest
+from kernel.mcp.catalog import Metrics
+from kernel.mcp.gateway import AgentGateway
+from kernel.mcp.leases import AgentLink, LeaseBook
+from kernel.mcp.pins import PinStore
+from kernel.signing import verify_webhook_signature
+
+log = logging.getLogger("regent.mcp")
+
+_WEBHOOK_MAX_BYTES = 64 * 1024
+_MAX_MCP_BODY = 4 * 1024 * 1024  # one MCP request; arguments are bounded again per agent (max_args_bytes)
+
+
+def _jsonrpc_error(status: int, code: int, message: str) -> JSONResponse:
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}},
+                        status_code=status)
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"code": code, "message": message}, status_code=status)
+
+
+class Gateways:
+    """Every agent of the manifest that has an `mcp:` section, sharing one kernel client, one
+    lease book, one pin file and one metrics registry."""
+
+    def __init__(self, manifest: Manifest, kernel_url: str, *, kernel_token: str | None, admin_token: str | None,
+                 pins_path: Path | None, only: str | None = None):
+        self.kernel_url, self.kernel_token, self.admin_token = kernel_url, kernel_token, admin_token
+        agents = [a for a in manifest.agents if a.mcp is not None and (only is None or a.id == only)]
+        self.pins = PinStore(pins_path, {a.id: a.mcp.pins for a in agents if a.mcp is not None})
+        self.metrics = Metrics()
+        self.book = LeaseBook()
+        self.http = httpx.AsyncClient(base_url=kernel_url, timeout=30.0,
+                                      limits=httpx.Limits(max_connections=64, max_keepalive_connections=32))
+        self.agents: dict[str, AgentGateway] = {}
+        self.links: dict[str, AgentLink] = {}
+        for a in agents:
+            assert a.mcp is not None
+            link = AgentLink(self.http, a.id, a.secret, kernel_token)
+            self.links[a.id] = link
+            self.agents[a.id] = AgentGateway(a.id, a.mcp, link, self.book, self.pins, self.metrics)
+        self.managers: dict[str, StreamableHTTPSessionManager] = {}
+
+    async def start(self) -> None:
+        """Start the upstreams in the background: the webhook must answer the kernel's deliveries
+        at once (a restarted gateway that is slow to listen costs delivery attempts)."""
+        self._starting = [asyncio.create_task(g.refresh()) for g in self.agents.values()]
+
+    async def close(self) -> None:
+        await self.book.close()
+        for g in self.agents.values():
+            await g.close()
+        await self.http.aclose()
+
+    # -- routes -----------------------------------------------------------------------------------
+
+    async def webhook(self, request: Request) -> Response:
+        """The kernel's delivery (rebuno-v0 §6.3): note the lease, answer 200 at once."""
+        agent_id = request.path_params["agent_id"]
+        link = self.links.get(agent_id)
+        if link is None:
+            return _error(404, "not_found", "no such agent on this gateway")
+        body = await _read_bounded(request, _WEBHOOK_MAX_BYTES)
+        if body is None or not verify_webhook_signature(link.secret, request.headers.get("rebuno-signature", ""), body):
+            return _error(401, "unauthorized", "bad webhook signature")
+        try:
+            d = json.loads(body)
+            execution_id, dispatch_id = str(d["execution_id"]), str(d["dispatch_id"])
+            attempt = int(d["dispatch_attempt"])
+            lease_seconds = float(d.get("lease_timeout_seconds") or 120)
+        except (ValueError, KeyError, TypeError):
+            return _error(400, "validation_error", "not a dispatch")
+        self.book.deliver(link, execution_id, dispatch_id, attempt, lease_seconds)
+        return Response(status_code=200)
+
+    async def metrics_route(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "agents": sorted(self.agents)})
+
+    def _admin(self, request: Request) -> JSONResponse | AgentGateway:
+        if not self.admin_token:
+            return _error(403, "forbidden", "the pin API is off: start the gateway with REGENT_MCP_ADMIN_TOKEN")
+        auth = request.headers.get("authorization", "")
+        if auth[:7].lower() != "bearer " or not hmac.compare_digest(auth[7:].strip().encode(), self.admin_token.encode()):
+            return _error(401, "unauthorized", "missing or invalid bearer token")
+        gw = self.agents.get(request.path_params["agent_id"])
+        return gw if gw is not None else _error(404, "not_found", "no such agent on this gateway")
+
+    async def pins_list(self, request: Request) -> Response:
+        gw = self._admin(request)
+        if isinstance(gw, JSONResponse):
+            return gw
+        await gw.refresh()
+        return JSONResponse({"agent_id": gw.agent_id, "tools": gw.pin_report()})
+
+    async def pins_approve(self, request: Request) -> Response:
+        gw = self._admin(request)
+        if isinstance(gw, JSONResponse):
+            return gw
+        body = await _read_bounded(request, 64 * 1024)
+        try:
+            d = json.loads(body or b"")
+            tool, digest = d["tool"], d["sha256"]
+            assert isinstance(tool, str) and isinstance(digest, str)
+        except (ValueError, KeyError, TypeError, AssertionError):
+            return _error(400, "validation_error", 'body must be {"tool": <name>, "sha256": <hash>}')
+        if not gw.approve(tool, digest):
+            return _error(409, "conflict", f"{tool!r} is not offered with definition sha256 {digest!r} right now "
+                          "(list the pins again)")
+        return JSONResponse({"tool": tool, "sha256": digest, "state": "approved"})
+
+    async def mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
+        agent_id = scope.get("path_params", {}).get("agent_id", "")
+        gw = self.agents.get(agent_id)
+        if gw is None:
+            await _error(404, "not_found", "no such agent on this gateway")(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if not self._client_ok(gw, headers.get("authorization", "")):
+            await _error(401, "unauthorized", "missing or invalid bearer token")(scope, receive, send)
+            return
+        if scope.get("method") == "POST":
+            vetted = await self._vetted(scope, receive, send)
+            if vetted is None:
+                return
+            receive = vetted
+        await self.managers[agent_id].handle_request(scope, receive, send)
+
+    async def _vetted(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """Read the body whole (bounded) and refuse JSON nested past the parser's recursion limit
+        with a JSON-RPC parse error (the SDK answers it with a 500); the SDK then reads the same
+        bytes."""
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > _MAX_MCP_BODY:
+                await _jsonrpc_error(413, -32600, f"request body over {_MAX_MCP_BODY} bytes")(scope, receive, send)
+                return None
+        try:
+            json.loads(body)
+        except RecursionError:
+            await _jsonrpc_error(400, -32700, "JSON nested too deeply")(scope, receive, send)
+            return None
+        except ValueError:
+            pass  # the SDK answers its own parse error
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        return replay
+
+    def _client_ok(self, gw: AgentGateway, auth: str) -> bool:
+        """A client presents the agent's `client_token`, or a kernel API key (checked by the kernel
+        when it creates the session's execution: it needs `executions:write`). An agent with
+        neither configured accepts any local client (`regent dev` style)."""
+        bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        if gw.cfg.client_token is not None and hmac.compare_digest(bearer.encode(), gw.cfg.client_token.encode()):
+            return True
+        if bearer.startswith("rbk_"):
+            return True
+        return gw.cfg.client_token is None and not bearer
+
+    def app(self) -> Starlette:
+        for agent_id, gw in self.agents.items():
+            self.managers[agent_id] = StreamableHTTPSessionManager(gw.server, max_request_body_size=_MAX_MCP_BODY)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            async with contextlib.AsyncExitStack() as stack:
+                for m in self.managers.values():
+                    await stack.enter_async_context(m.run())
+                await self.start()
+                try:
+                    yield
+                finally:
+                    await self.close()
+
+        return Starlette(routes=[
+            Route("/mcp/{agent_id}", endpoint=_Asgi(self.mcp), methods=["GET", "POST", "DELETE"]),
+            Route("/webhooks/{agent_id}", self.webhook, methods=["POST"]),
+            Route("/metrics", self.metrics_route, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/pins/{agent_id}", self.pins_list, methods=["GET"]),
+            Route("/pins/{agent_id}", self.pins_approve, methods=["POST"]),
+        ], lifespan=lifespan)
+
+
+class _Asgi:
+    """Starlette treats a class instance as a raw ASGI endpoint (a function it would wrap)."""
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.fn(scope, receive, send)
+
+
+async def _read_bounded(request: Request, limit: int) -> bytes | None:
+    declared = whole_number(request.headers.get("content-length"))
+    if declared is not None and declared > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
