@@ -59,7 +59,7 @@ def background_hooks(settings: Settings, kernel: Kernel) -> list[Any]:
     from kernel.sweeper import Sweeper
 
     async def dispatcher(app: FastAPI) -> Any:
-        from kernel.api.threads import call_first
+        from kernel.lane import call_first
 
         # On a loop of its own, its transactions on the lane ahead of the requests' (kernel/dispatcher.py).
         d = DispatcherThread(lambda: Dispatcher(
@@ -233,7 +233,7 @@ def build_runtime(settings: Settings) -> Runtime:
     )
     if settings.auto_migrate:
         migrate(store)
-    from kernel.api import threads
+    from kernel import lane as threads
 
     groups = None
     if settings.sqlite_group_commit and store.dialect == "sqlite":

@@ -114,7 +114,7 @@ class Settings(BaseSettings):
     # How long a replica keeps an agent's secret after reading it for a signature check
     # (0 = read it on every request). Changes made on this replica apply at once.
     agent_cache_ttl: float = 1.0
-    # Threads that run the core use cases back to back (kernel/api/threads.py); unset: 1 on
+    # Threads that run the core use cases back to back (kernel/lane.py); unset: 1 on
     # SQLite (one writer per file anyway), 4 on PostgreSQL (statements wait on the network)
     core_threads: int | None = Field(default=None, ge=1, le=64)
 

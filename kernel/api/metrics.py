@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kernel.api import threads
+from kernel import lane as threads
 from kernel.core.kernel import Kernel
 
 
@@ -104,7 +104,7 @@ class LabelBudget:
 
 
 class _LaneCollector(Collector):
-    """The lane as it is at scrape time (kernel/api/threads.py)."""
+    """The lane as it is at scrape time (kernel/lane.py)."""
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         lane = threads.lane()

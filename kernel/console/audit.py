@@ -16,7 +16,6 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from kernel.api.threads import call
 from kernel.console.policies import source_files
 from kernel.console.web import (
     SECURITY_HEADERS,
@@ -32,6 +31,7 @@ from kernel.console.web import (
 from kernel.core import agents, decisions, policies, timeline
 from kernel.domain import DecisionOutcome
 from kernel.errors import ValidationError
+from kernel.lane import call
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 SCOPE = "decisions:read"

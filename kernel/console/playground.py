@@ -10,7 +10,6 @@ from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
-from kernel.api.threads import call
 from kernel.console.policies import gate_errors
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, require, viewer
 from kernel.core import agents, playground
@@ -18,6 +17,7 @@ from kernel.core.policy_test import Candidate
 from kernel.domain import PolicyInput, StepKind
 from kernel.errors import NotFound, ValidationError
 from kernel.identity import whole_number
+from kernel.lane import call
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 DEFAULTS = {"agent_id": "", "kind": "tool_call", "target": "", "args": "{}", "candidate_kind": "yaml", "candidate": "",

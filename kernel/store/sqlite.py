@@ -161,7 +161,7 @@ class SqliteStore(SqlStore):
 
     # -- group commit -----------------------------------------------------------------------
     def commit_groups(self) -> CommitGroups:
-        """The handle a lane thread groups its commits through (kernel/api/threads.py)."""
+        """The handle a lane thread groups its commits through (kernel/lane.py)."""
         return CommitGroups(self)
 
     def _group(self) -> _Group | None:

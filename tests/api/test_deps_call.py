@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kernel.api import threads
-from kernel.api.threads import Lane, call
+from kernel import lane as threads
 from kernel.bootstrap import build_runtime, default_core_threads
 from kernel.config import Settings
+from kernel.lane import Lane, call
 
 REQUEST = contextvars.ContextVar("request", default="none")
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kernel.api import threads
+from kernel import lane as threads
 from kernel.api.app import create_app
 from kernel.cli.server import install_inline
 from kernel.core.kernel import Kernel

@@ -489,8 +489,8 @@ def test_claims_go_out_in_chunks_and_every_claimed_row_is_delivered_and_acked(
 
 def test_the_dispatcher_thread_delivers_on_a_loop_of_its_own_and_stops(
         kernel: Kernel, receiver: tuple[Receiver, str]) -> None:
-    from kernel.api.threads import Lane
     from kernel.dispatcher import DispatcherThread
+    from kernel.lane import Lane
 
     r, url = receiver
     agent(kernel, url)
