@@ -235,12 +235,7 @@ def build_runtime(settings: Settings) -> Runtime:
         migrate(store)
     from kernel import lane as threads
 
-    groups = None
-    if settings.sqlite_group_commit and store.dialect == "sqlite":
-        from kernel.store.sqlite import SqliteStore
-
-        assert isinstance(store, SqliteStore)
-        groups = store.commit_groups()
+    groups = store.commit_groups() if settings.sqlite_group_commit else None
     threads.configure(settings.core_threads or default_core_threads(store.dialect), groups)
     from kernel.policy.resolver import BundleResolver, LazyRegoEngine
 

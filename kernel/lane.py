@@ -27,7 +27,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
+
+from kernel.store.base import CommitGroups
 
 T = TypeVar("T")
 
@@ -86,17 +88,6 @@ def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) ->
         fut.set_exception(exc)
     else:
         fut.set_result(result)
-
-
-class CommitGroups(Protocol):
-    """What the lane needs of a store that groups commits (kernel/store/sqlite.py)."""
-
-    def attach(self) -> None: ...
-    def start(self, token: Any) -> None: ...
-    def is_open(self) -> bool: ...
-    def pending(self, token: Any) -> bool: ...
-    def failure(self, token: Any) -> BaseException | None: ...
-    def flush(self) -> None: ...
 
 
 class Lane:
