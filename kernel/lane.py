@@ -25,13 +25,14 @@ import functools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from kernel.store.base import CommitGroups
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # How long the lane may go without taking a call before the calls queued behind go to the pool.
 # A step's use case takes about 1 ms of CPU, but on a loaded machine a call or a group's fsync
@@ -107,7 +108,7 @@ class Lane:
         self.stuck_after = stuck_after
         self._name = name
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        # Calls that go before everything queued (`call(..., first=True)`): each is also put on the
+        # Calls that go before everything queued (`call_first`): each is also put on the
         # queue, to wake a waiting thread; met there again, it has run and is skipped (`execute`).
         self._front: collections.deque[_Job] = collections.deque()
         self._last_start = 0.0  # monotonic time a lane thread last took a call (or ended a commit)
@@ -230,7 +231,15 @@ class Lane:
         else:
             job.loop.call_later(self.stuck_after, self._check, job)
 
-    async def call(self, fn: Callable[..., T], *args: Any, first: bool = False, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+        """Run a (blocking) core use case off the event loop and return its result (`_submit`)."""
+        return self._submit(fn, args, kwargs, first=False)
+
+    def call_first(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+        """`call`, before every call already queued (`_submit`)."""
+        return self._submit(fn, args, kwargs, first=True)
+
+    async def _submit(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], first: bool) -> T:
         """Run a (blocking) core use case off the event loop and return its result; with `first`,
         before every call already queued, and never on the overflow pool (the dispatcher's claims
         and verdicts: under a flood of requests, work already accepted is delivered before more is
@@ -300,7 +309,7 @@ def _checked(check: Callable[[], None], fn: Callable[[], T]) -> T:
     return fn()
 
 
-async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+async def call(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a (blocking) core use case on the kernel's lane (see `Lane.call`)."""
     check = _BEFORE.get()
     if check is not None:
@@ -382,7 +391,7 @@ def long_lived() -> Iterator[None]:
             gate.long_lived -= 1
 
 
-async def call_hot(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+async def call_hot(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`call` for a step's submit or outcome: on the event loop itself when the kernel is idle
     (`InlineGate`), else on the lane."""
     gate = _GATE
@@ -396,6 +405,6 @@ async def call_hot(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return gate.run(work)
 
 
-async def call_first(fn: Callable[..., T], *args: Any) -> T:
+async def call_first(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a (blocking) core use case on the kernel's lane before every call already queued."""
-    return await _LANE.call(fn, *args, first=True)
+    return await _LANE.call_first(fn, *args, **kwargs)

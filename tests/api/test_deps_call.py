@@ -208,7 +208,7 @@ def test_a_call_that_goes_first_runs_before_those_queued_and_never_spills() -> N
         await asyncio.sleep(0.01)  # the lane thread is on `blocker`
         queued = [asyncio.create_task(lane.call(note, f"queued-{i}")) for i in range(3)]
         await asyncio.sleep(0.05)  # the queued calls spill: the lane looks stuck
-        urgent = asyncio.create_task(lane.call(note, "urgent", first=True))
+        urgent = asyncio.create_task(lane.call_first(note, "urgent"))
         await asyncio.sleep(0.05)  # still waiting: a call that goes first does not spill
         assert not urgent.done()
         release.set()
@@ -236,7 +236,7 @@ def test_a_call_that_goes_first_overtakes_the_queue() -> None:
         await asyncio.sleep(0.01)
         queued = [asyncio.create_task(lane.call(order.append, f"q{i}")) for i in range(3)]
         await asyncio.sleep(0.01)
-        urgent = asyncio.create_task(lane.call(order.append, "urgent", first=True))
+        urgent = asyncio.create_task(lane.call_first(order.append, "urgent"))
         await asyncio.sleep(0.01)
         release.set()
         await asyncio.gather(blocker, urgent, *queued)

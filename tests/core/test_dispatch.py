@@ -498,7 +498,7 @@ def test_the_dispatcher_thread_delivers_on_a_loop_of_its_own_and_stops(
     lane = Lane(threads=1)
 
     async def first(fn: Callable[..., Any], *args: Any) -> Any:
-        return await lane.call(fn, *args, first=True)
+        return await lane.call_first(fn, *args)
 
     async def main() -> tuple[str, str]:
         t = DispatcherThread(lambda: Dispatcher(kernel, poll_interval=0.01, run_blocking=first))
