@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
@@ -15,6 +15,9 @@ from kernel.core.kernel import Kernel
 from kernel.manifest import Manifest, load_manifest, provision
 from kernel.store import SqlStore, open_store
 from kernel.store.migrations import migrate
+
+if TYPE_CHECKING:
+    from kernel.lane import Lane
 
 
 @dataclass
@@ -25,6 +28,7 @@ class Runtime:
     app: FastAPI
     closers: list[Any] = field(default_factory=list)
     manifest: Manifest | None = None
+    lane: Lane | None = None  # the lane its use cases run on (kernel/lane.py); None: not built by build_runtime
 
     def close(self) -> None:
         for c in reversed(self.closers):
@@ -236,7 +240,7 @@ def build_runtime(settings: Settings) -> Runtime:
     from kernel import lane as threads
 
     groups = store.commit_groups() if settings.sqlite_group_commit else None
-    threads.configure(settings.core_threads or default_core_threads(store.dialect), groups)
+    lane = threads.configure(settings.core_threads or default_core_threads(store.dialect), groups)
     from kernel.policy.resolver import BundleResolver, LazyRegoEngine
 
     resolver = BundleResolver(
@@ -286,4 +290,5 @@ def build_runtime(settings: Settings) -> Runtime:
 
         app.state.metrics_registry.register(DecisionLogCollector(decision_log))
     app.state.stream_keepalive_seconds = settings.stream_keepalive_seconds
-    return Runtime(settings, store, kernel, app, closers=[limiter.close, resolver.close, shadows.close], manifest=manifest)
+    return Runtime(settings, store, kernel, app, closers=[limiter.close, resolver.close, shadows.close], manifest=manifest,
+                   lane=lane)

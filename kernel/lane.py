@@ -119,6 +119,8 @@ class Lane:
         self.spilled = 0  # calls the overflow pool ran (for tests and the curious)
         # A grouping lane thread has a call or an open group (`_run_grouped`): read by `idle`.
         self.busy = False
+        # When a hot call may run on the event loop instead (`call_hot`); None: never.
+        self.inline: InlineGate | None = None
 
     def idle(self) -> bool:
         """No call queued or running on the lane and no commit group open (a grouping lane: SQLite)."""
@@ -274,17 +276,20 @@ _LANE = Lane()
 _CONFIGURE = threading.Lock()
 
 
-def configure(threads: int, groups: CommitGroups | None = None) -> None:
+def configure(threads: int, groups: CommitGroups | None = None) -> Lane:
     """Set the number of lane threads (`REGENT_CORE_THREADS`) and the store whose commits they
-    group (SQLite, `REGENT_SQLITE_GROUP_COMMIT`); the serving process calls it once at start-up.
-    The old lane, if any, stops after the calls already queued on it."""
+    group (SQLite, `REGENT_SQLITE_GROUP_COMMIT`); the serving process calls it once at start-up
+    (kernel/bootstrap.py, which keeps the lane on its Runtime). The old lane, if any, stops after
+    the calls already queued on it; its inline gate carries over. Returns the lane now in use."""
     global _LANE
     if threads < 1:
         raise ValueError("the lane needs at least one thread")
     with _CONFIGURE:
         if _LANE.threads != threads or _LANE.groups is not groups:
             old, _LANE = _LANE, Lane(threads=threads, groups=groups)
+            _LANE.inline = old.inline
             old.close()
+        return _LANE
 
 
 def lane() -> Lane:
@@ -365,23 +370,19 @@ class InlineGate:
                 self.paused_until = ended + self.pause
 
 
-_GATE: InlineGate | None = None
-
-
 def install_inline(gate: InlineGate | None) -> None:
     """Let hot calls run on the event loop when the kernel is idle (None: never)."""
-    global _GATE
-    _GATE = gate
+    _LANE.inline = gate
 
 
 def inline_gate() -> InlineGate | None:
-    return _GATE
+    return _LANE.inline
 
 
 @contextlib.contextmanager
 def long_lived() -> Iterator[None]:
     """Around a response held open (an event stream): its request is not one a call would hold up."""
-    gate = _GATE
+    gate = _LANE.inline
     if gate is not None:
         gate.long_lived += 1
     try:
@@ -394,8 +395,9 @@ def long_lived() -> Iterator[None]:
 async def call_hot(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`call` for a step's submit or outcome: on the event loop itself when the kernel is idle
     (`InlineGate`), else on the lane."""
-    gate = _GATE
-    if gate is None or not _LANE.idle() or not gate.open():
+    lane = _LANE
+    gate = lane.inline
+    if gate is None or not lane.idle() or not gate.open():
         return await call(fn, *args, **kwargs)
     check = _BEFORE.get()
     work = functools.partial(fn, *args, **kwargs)
