@@ -15,8 +15,8 @@ from kernel.domain import Decision, PolicyInput, Verdict
 from kernel.domain.decision import PolicyKind
 from kernel.errors import ValidationError
 
-if TYPE_CHECKING:  # the store is handed in; importing it here would load SQLAlchemy for every CLI run
-    from kernel.store import SqlStore, Tx
+if TYPE_CHECKING:
+    from kernel.policy.source import BundleReads, BundleSource
 
 log = logging.getLogger("kernel.policy")
 
@@ -106,7 +106,7 @@ def parse_rego_content(content: str) -> Any:
 class BundleResolver:
     """Reads the agent's active revision (one indexed lookup) and evaluates its compiled bundle."""
 
-    def __init__(self, store: SqlStore, compilers: dict[str, Compiler] | None = None,
+    def __init__(self, store: BundleSource, compilers: dict[str, Compiler] | None = None,
                  rego: LazyRegoEngine | None = None):
         self.store = store
         self.rego = rego or LazyRegoEngine()
@@ -134,7 +134,7 @@ class BundleResolver:
     def close(self) -> None:
         self.rego.close()
 
-    def decide(self, inp: PolicyInput, tx: Tx | None = None, bundle_id: int | None = None) -> Decision:
+    def decide(self, inp: PolicyInput, tx: BundleReads | None = None, bundle_id: int | None = None) -> Decision:
         """`tx`: the submit's own transaction, so the revision is read from the same snapshot as
         the execution (one indexed lookup, no content); without it, a read of its own.
         `bundle_id`: a fork's own bundle, which decides in place of the agent's active one."""
@@ -171,7 +171,7 @@ class BundleResolver:
         # The engines know the manifest revision; the content hash is the stored revision's.
         return dataclasses.replace(decision, policy_hash=digest) if digest else decision
 
-    def _decide_fork(self, inp: PolicyInput, tx: Tx | None, bundle_id: int) -> Decision:
+    def _decide_fork(self, inp: PolicyInput, tx: BundleReads | None, bundle_id: int) -> Decision:
         try:
             if tx is not None:
                 row = tx.fork_bundle_ref(bundle_id)
@@ -197,7 +197,7 @@ class BundleResolver:
                             policy_kind=kind, policy_revision=row.revision, policy_hash=digest)
         return dataclasses.replace(decision, policy_hash=digest) if digest else decision
 
-    def _fork_digest(self, bundle_id: int, tx: Tx | None) -> str:
+    def _fork_digest(self, bundle_id: int, tx: BundleReads | None) -> str:
         """A fork bundle's `policy_hash` (SHA-256 of its stored text, as a revision's), read once:
         fork bundles never change."""
         with self._lock:
@@ -215,7 +215,7 @@ class BundleResolver:
                 self._fork_digests[bundle_id] = hit
         return hit
 
-    def _content(self, revision_id: int, tx: Tx | None, fork: bool = False) -> str | None:
+    def _content(self, revision_id: int, tx: BundleReads | None, fork: bool = False) -> str | None:
         if fork:
             if tx is not None:
                 return tx.fork_bundle_content(revision_id)
@@ -226,7 +226,7 @@ class BundleResolver:
         with self.store.read() as own:
             return own.policy_content(revision_id)
 
-    def _compiled(self, row: Any, tx: Tx | None, fork: bool = False) -> CompiledBundle | Exception:
+    def _compiled(self, row: Any, tx: BundleReads | None, fork: bool = False) -> CompiledBundle | Exception:
         # Fork bundles are cached apart from the agents' revisions (whose ids they share).
         owner = f"fork:{row.agent_id}" if fork else row.agent_id
         key = (owner, int(row.id))
