@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from kernel.domain import Decision, JudgeAnswer, JudgeSpec, PolicyInput, RateLimitSpec
+from kernel.domain import Decision, JudgeAnswer, JudgeSpec, LimitOutcome, PolicyInput, RateLimitSpec
 from kernel.store import Tx
 
 
@@ -39,13 +39,6 @@ class PermissiveResolver:
         from kernel.errors import ValidationError
 
         raise ValidationError("validation error: this kernel has no policy engines")
-
-
-@dataclass(frozen=True, slots=True)
-class LimitOutcome:
-    admitted: bool
-    wait_seconds: float = 0.0  # until one call is available again, when refused
-    error: str | None = None  # the limiter could not be asked
 
 
 class Limiter(Protocol):

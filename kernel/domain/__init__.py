@@ -16,6 +16,7 @@ from kernel.domain.dispatch import Dispatch, DispatchStatus
 from kernel.domain.event import Event, EventType
 from kernel.domain.execution import Execution, ExecutionStatus
 from kernel.domain.judge import JudgeAnswer, JudgeSpec
+from kernel.domain.limit import LimitOutcome
 from kernel.domain.step import Idempotency, Step, StepKind, StepStatus
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "Idempotency",
     "JudgeAnswer",
     "JudgeSpec",
+    "LimitOutcome",
     "PolicyInput",
     "RateLimitSpec",
     "Step",
