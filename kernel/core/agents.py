@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
 from kernel.core.policies import Actor
-from kernel.domain import Agent
+from kernel.domain import Agent, PolicyEventType
 from kernel.errors import Conflict, NotFound, ValidationError
 
 MIN_LEASE_SECONDS = 10
@@ -75,7 +75,7 @@ def register_agent(
         if cleared:
             who = actor or Actor()
             tx.clear_policy(agent_id)
-            tx.add_policy_event(agent_id, "policy.cleared", now, actor=who.name, credential=who.credential,
+            tx.add_policy_event(agent_id, PolicyEventType.CLEARED, now, actor=who.name, credential=who.credential,
                                 payload={"reason": "agent_reregistered"})
     k.secrets.forget(agent_id)
     if cleared:

@@ -17,6 +17,7 @@ from kernel.domain.event import Event, EventType
 from kernel.domain.execution import Execution, ExecutionStatus
 from kernel.domain.judge import JudgeAnswer, JudgeSpec
 from kernel.domain.limit import LimitOutcome
+from kernel.domain.policy_event import PolicyEventType
 from kernel.domain.step import Idempotency, Step, StepKind, StepStatus
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "JudgeAnswer",
     "JudgeSpec",
     "LimitOutcome",
+    "PolicyEventType",
     "PolicyInput",
     "RateLimitSpec",
     "Step",
