@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -32,10 +31,6 @@ class ManualClock:
 
     def set(self, when: datetime) -> None:
         self._now = when
-
-
-def unix_seconds() -> int:
-    return int(time.time())
 
 
 def rfc3339(when: datetime) -> str:

@@ -185,11 +185,3 @@ def last_event_seq(k: Kernel, execution_id: str) -> tuple[int, str]:
         e = load_owned(tx, execution_id, None)
         seq = tx.last_event_seq(execution_id)
     return seq, e.status.value
-
-
-def args_preview(value: Any, limit: int = 120) -> str:
-    """A one-line preview of a JSON value for a collapsed row."""
-    import json
-
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
