@@ -205,10 +205,10 @@ def default_core_threads(dialect: str) -> int:
 
 
 def shadow_runner(settings: Settings, kernel: Kernel, rego: Any) -> Any:
-    """Shadow bundles' evaluator (kernel/shadow.py), on Rego workers of its own (`rego`, a
+    """Shadow bundles' evaluator (kernel/shadow_runner.py), on Rego workers of its own (`rego`, a
     `LazyRegoEngine`), started now and set as the kernel's shadow observer."""
-    from kernel.policy.shadow import ShadowBundles
-    from kernel.shadow import ShadowRunner
+    from kernel.policy.shadow_eval import ShadowBundles
+    from kernel.shadow_runner import ShadowRunner
 
     runner = ShadowRunner(kernel, ShadowBundles(kernel.store, rego), queue_size=settings.shadow_queue_size,
                           flush_interval=settings.shadow_flush_interval)

@@ -177,7 +177,7 @@ class _KernelCollector(Collector):
         yield CounterMetricFamily("regent_dispatch_claims_skipped", "Dispatch claims that raised and were "
                                   "skipped (logged; the row's next attempt moved back).",
                                   value=self.kernel.dispatch_claims_skipped)
-        shadow = self.kernel.shadow  # kernel/shadow.py's runner; absent counters read as 0
+        shadow = self.kernel.shadow  # kernel/shadow_runner.py's runner; absent counters read as 0
         for name, attr, help in (
             ("regent_shadow_judged", "judged", "Steps judged by a shadow bundle in this process."),
             ("regent_shadow_faults", "faults", "Shadow judgements that timed out, crashed or errored."),
