@@ -15,7 +15,7 @@ from kernel.core import agents, api_keys
 from kernel.core.api_keys import SCOPES
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
-from kernel.core.replays import ReplayGuard, SharedReplays
+from kernel.core.request_reuse import ReplayGuard, SharedReplays
 from kernel.errors import Forbidden, Unauthorized
 from kernel.lane import before_next_call, call
 from kernel.signing import verify_request

@@ -123,7 +123,7 @@ class _LaneCollector(Collector):
 
 
 class ReplayCollector(Collector):
-    """The replay guard of the app's Authenticator (kernel/core/replays.py), at scrape time."""
+    """The replay guard of the app's Authenticator (kernel/core/request_reuse.py), at scrape time."""
 
     def __init__(self, auth: Any):
         self.auth = auth

@@ -12,8 +12,8 @@ from kernel.clock import rfc3339
 from kernel.core.kernel import Kernel
 from kernel.domain import EventType
 from kernel.errors import NotFound, ValidationError
+from kernel.policy.backtest import RecordedStep, ReplayReport, replay
 from kernel.policy.cases import Report, parse_cases, run_cases
-from kernel.policy.replay import RecordedStep, ReplayReport, replay
 from kernel.policy.resolver import (
     CompiledBundle,
     LazyRegoEngine,

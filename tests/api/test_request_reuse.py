@@ -20,7 +20,7 @@ from sqlalchemy import text
 
 from kernel.api.app import create_app
 from kernel.core.kernel import Kernel
-from kernel.core.replays import ReplayGuard
+from kernel.core.request_reuse import ReplayGuard
 from kernel.signing import sign_request, signature_message
 from kernel.store import SqlStore, open_store
 from tests.conftest import Running
