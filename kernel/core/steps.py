@@ -12,7 +12,7 @@ from kernel.clock import rfc3339
 from kernel.core import decision_log as dlog
 from kernel.core import events as ev
 from kernel.core import resources
-from kernel.core.decisions import policy_record
+from kernel.core.audit import policy_record
 from kernel.core.executions import load_owned, owned
 from kernel.core.kernel import Kernel
 from kernel.core.leases import check_attempt, park_until

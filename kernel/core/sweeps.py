@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from kernel.core.approvals import expire_approvals
-from kernel.core.decisions import delete_expired_decisions, flush_decision_journal, roll_up_recent
+from kernel.core.audit import delete_expired_decisions, flush_decision_journal, roll_up_recent
 from kernel.core.executions import cancel_in_tx
 from kernel.core.kernel import Kernel
 from kernel.core.sessions import ended, repair

@@ -15,7 +15,7 @@ from kernel.api.render import JSONResponse
 from kernel.api.routes.client import _body, _int_param
 from kernel.clock import parse_time
 from kernel.config import seconds
-from kernel.core import api_keys, decisions
+from kernel.core import api_keys, audit
 from kernel.errors import ValidationError
 
 router = APIRouter()
@@ -41,16 +41,16 @@ async def list_decisions(request: Request) -> Response:
     judged = q.get("judged")
     if judged not in (None, "", "true", "false"):
         raise ValidationError("validation error: judged must be true or false")
-    query = decisions.DecisionQuery(
+    query = audit.DecisionQuery(
         **filters,
         judged=None if not judged else judged == "true",
         since=_time_param(q.get("since"), "since"),
         until=_time_param(q.get("until"), "until"),
         cursor=q.get("cursor") or None,
-        limit=_int_param(q.get("limit"), 50, "limit", lo=1, hi=decisions.MAX_PAGE),
+        limit=_int_param(q.get("limit"), 50, "limit", lo=1, hi=audit.MAX_PAGE),
     )
-    page = await call(decisions.list_decisions, kernel_of(request), query)
-    out: dict[str, Any] = {"decisions": [decisions.decision_json(r) for r in page.decisions]}
+    page = await call(audit.list_decisions, kernel_of(request), query)
+    out: dict[str, Any] = {"decisions": [audit.decision_json(r) for r in page.decisions]}
     if page.next_cursor:
         out["next_cursor"] = page.next_cursor
     return JSONResponse(out)
