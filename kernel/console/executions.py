@@ -22,7 +22,7 @@ from kernel.console.web import (
 from kernel.core import agents, executions, timeline
 from kernel.domain import ExecutionStatus
 from kernel.errors import ValidationError
-from kernel.identity import parse_uuid, whole_number
+from kernel.ids import parse_uuid, whole_number
 from kernel.lane import call
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API

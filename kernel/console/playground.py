@@ -16,7 +16,7 @@ from kernel.core import agents, playground
 from kernel.core.policy_test import Candidate
 from kernel.domain import PolicyInput, StepKind
 from kernel.errors import NotFound, ValidationError
-from kernel.identity import whole_number
+from kernel.ids import whole_number
 from kernel.lane import call
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API

@@ -18,7 +18,7 @@ from kernel.console.web import ConsoleRoute, form, kernel_of, page, redirect, re
 from kernel.core import agents, policies, shadow
 from kernel.core.policies import Actor, PolicyRevision
 from kernel.errors import NotFound, ValidationError
-from kernel.identity import whole_number
+from kernel.ids import whole_number
 from kernel.lane import call
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API

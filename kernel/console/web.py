@@ -23,7 +23,7 @@ from kernel.core.api_keys import key_principal
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
 from kernel.errors import Forbidden, RegentError, ValidationError
-from kernel.identity import whole_number
+from kernel.ids import whole_number
 from kernel.lane import call
 
 HERE = Path(__file__).parent

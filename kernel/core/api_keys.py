@@ -19,7 +19,7 @@ from typing import Any
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
 from kernel.errors import Forbidden, NotFound, ValidationError
-from kernel.identity import new_uuid7
+from kernel.ids import new_uuid7
 
 SCOPES = frozenset(
     {

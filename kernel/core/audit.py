@@ -18,7 +18,7 @@ from kernel.clock import rfc3339
 from kernel.core.kernel import Kernel
 from kernel.domain import Approval, Decision, DecisionOutcome, DecisionRecord, Execution
 from kernel.errors import ValidationError
-from kernel.identity import new_uuid7
+from kernel.ids import new_uuid7
 from kernel.text import check_text
 
 MAX_PAGE = 500

@@ -23,7 +23,7 @@ from kernel.core.kernel import Kernel
 from kernel.core.leases import enqueue
 from kernel.domain import EventType, Execution, ExecutionStatus
 from kernel.errors import NotFound, ValidationError
-from kernel.identity import new_uuid7
+from kernel.ids import new_uuid7
 
 # The outcomes a fork point can follow.
 _OUTCOME_EVENTS = frozenset({EventType.STEP_SUCCEEDED.value, EventType.STEP_FAILED.value, EventType.STEP_DENIED.value})

@@ -40,8 +40,8 @@ from kernel.domain import (
 from kernel.domain.decision import apply_budget
 from kernel.domain.step import INDETERMINATE_ERROR, Idempotency
 from kernel.errors import Conflict, LeaseSuperseded, NotFound
-from kernel.identity import new_uuid7
 from kernel.identity import step_id as compute_step_id
+from kernel.ids import new_uuid7
 from kernel.store import Tx
 
 

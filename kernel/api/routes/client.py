@@ -14,7 +14,7 @@ from kernel.api.render import JSONResponse, approval_json, event_json, execution
 from kernel.core import approvals, executions, forks
 from kernel.domain import ApprovalStatus, ExecutionStatus
 from kernel.errors import ValidationError
-from kernel.identity import INT64_MAX, whole_number
+from kernel.ids import INT64_MAX, whole_number
 from kernel.text import check_text
 
 router = APIRouter()
