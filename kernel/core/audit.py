@@ -16,6 +16,7 @@ from typing import Any
 
 from kernel.clock import rfc3339
 from kernel.core.kernel import Kernel
+from kernel.core.retention import delete_in_batches
 from kernel.domain import Approval, Decision, DecisionOutcome, DecisionRecord, Execution
 from kernel.errors import ValidationError
 from kernel.ids import new_uuid7
@@ -329,11 +330,4 @@ def delete_expired_decisions(k: Kernel, batch: int = 1000) -> int:
     cutoff = k.clock.now() - timedelta(seconds=k.decision_retention)
     with k.store.transaction(lock=_ROLLUP_LOCK) as tx:
         tx.delete_rollup_before(cutoff)  # an hour that loses records is counted from them again
-    total = 0
-    for _ in range(_MAX_BATCHES):
-        with k.store.transaction() as tx:
-            n = tx.delete_decisions_before(cutoff, batch)
-        total += n
-        if n < batch:
-            break
-    return total
+    return delete_in_batches(k, lambda tx, before, n: tx.delete_decisions_before(before, n), cutoff, batch)
