@@ -1,4 +1,4 @@
-"""Step calls on the event loop when the kernel is idle (kernel/api/threads.py `call_hot`), over
+"""Step calls on the event loop when the kernel is idle (kernel/lane.py `call_hot`), over
 real HTTP against a real SQLite file, with the server wired as `regent serve` wires it."""
 
 from __future__ import annotations
