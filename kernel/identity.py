@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from kernel.errors import ValidationError
+from kernel.errors import ValidationError, invalid
 
 MAX_DEPTH = 512
 
@@ -58,7 +58,7 @@ class _Parser:
         self.pos = 0
 
     def fail(self, what: str) -> ValidationError:
-        return ValidationError(f"validation error: malformed JSON at offset {self.pos}: {what}")
+        return invalid(f"malformed JSON at offset {self.pos}: {what}")
 
     def ws(self) -> None:
         self.pos = _WS.match(self.text, self.pos).end()  # type: ignore[union-attr]
@@ -86,7 +86,7 @@ class _Parser:
             value: str
             if c == "{" or c == "[":
                 if len(stack) >= MAX_DEPTH:  # this container would be level MAX_DEPTH + 1
-                    raise ValidationError(f"validation error: JSON nested deeper than {MAX_DEPTH}")
+                    raise invalid(f"JSON nested deeper than {MAX_DEPTH}")
                 self.pos += 1
                 self.ws()
                 if t.startswith("}" if c == "{" else "]", self.pos):

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 
-from kernel.errors import ValidationError
+from kernel.errors import invalid
 
 _UUID36 = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _HEX32 = re.compile(r"[0-9a-fA-F]{32}")
@@ -30,7 +30,7 @@ def parse_uuid(text: str) -> str:
         return s.lower()
     if _HEX32.fullmatch(s):
         return str(uuid.UUID(hex=s))
-    raise ValidationError(f"validation error: invalid id {text!r}")
+    raise invalid(f"invalid id {text!r}")
 
 
 INT64_MAX = 2**63 - 1

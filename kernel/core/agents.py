@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
 from kernel.core.policies import Actor
 from kernel.domain import Agent, PolicyEventType
-from kernel.errors import Conflict, NotFound, ValidationError
+from kernel.errors import Conflict, NotFound, invalid
 
 MIN_LEASE_SECONDS = 10
 
@@ -22,10 +22,10 @@ def validate_lease(lease_timeout_seconds: int | None) -> int | None:
     if lease_timeout_seconds is None:
         return None
     if isinstance(lease_timeout_seconds, bool) or not isinstance(lease_timeout_seconds, int):
-        raise ValidationError("validation error: lease_timeout_seconds must be a whole number of seconds")
+        raise invalid("lease_timeout_seconds must be a whole number of seconds")
     if not 0 <= lease_timeout_seconds <= MAX_LEASE_SECONDS:
-        raise ValidationError(
-            f"validation error: lease_timeout_seconds must be 0-{MAX_LEASE_SECONDS} "
+        raise invalid(
+            f"lease_timeout_seconds must be 0-{MAX_LEASE_SECONDS} "
             f"(values below {MIN_LEASE_SECONDS} mean the kernel default)")
     return lease_timeout_seconds if lease_timeout_seconds >= MIN_LEASE_SECONDS else None
 
@@ -38,15 +38,15 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 def validate_agent_fields(agent_id: str, webhook_url: str, secret: str) -> None:
     if AGENT_ID.fullmatch(agent_id) is None:
-        raise ValidationError("validation error: id must be 1-200 characters: an ASCII letter or digit, then "
+        raise invalid("id must be 1-200 characters: an ASCII letter or digit, then "
                               "letters, digits, '.', '_', '-', ':' or '@'")
     if _UNSTORABLE.search(webhook_url) or _UNSTORABLE.search(secret):
-        raise ValidationError("validation error: webhook_url and secret must be valid Unicode without NUL")
+        raise invalid("webhook_url and secret must be valid Unicode without NUL")
     u = urlparse(webhook_url)
     if u.scheme not in ("http", "https") or not u.netloc:
-        raise ValidationError(f"validation error: webhook_url must be an http(s) URL, not {webhook_url!r}")
+        raise invalid(f"webhook_url must be an http(s) URL, not {webhook_url!r}")
     if not secret:
-        raise ValidationError("validation error: secret must not be empty")
+        raise invalid("secret must not be empty")
 
 
 def register_agent(

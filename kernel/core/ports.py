@@ -36,9 +36,9 @@ class PermissiveResolver:
         return Decision.permissive()
 
     def check(self, kind: str, content: str) -> str:
-        from kernel.errors import ValidationError
+        from kernel.errors import invalid
 
-        raise ValidationError("validation error: this kernel has no policy engines")
+        raise invalid("this kernel has no policy engines")
 
 
 class Limiter(Protocol):

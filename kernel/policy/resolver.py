@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kernel.domain import Decision, PolicyInput, Verdict
 from kernel.domain.decision import PolicyKind
-from kernel.errors import ValidationError
+from kernel.errors import ValidationError, invalid
 
 if TYPE_CHECKING:
     from kernel.policy.source import BundleReads, BundleSource
@@ -129,7 +129,7 @@ class BundleResolver:
 
             bundle = compile_rego_bundle(parse_rego_content(content), engine=self.rego.get())
             return str(bundle.revision)
-        raise ValidationError(f"validation error: unsupported bundle kind {kind!r} (yaml or rego)")
+        raise invalid(f"unsupported bundle kind {kind!r} (yaml or rego)")
 
     def close(self) -> None:
         self.rego.close()
