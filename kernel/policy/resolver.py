@@ -156,20 +156,8 @@ class BundleResolver:
             if not agent_known:
                 return Decision.bundle_error("agent_lookup_failed")
             return Decision.permissive()
-        kind = PolicyKind(row.kind) if row.kind in PolicyKind._value2member_map_ else PolicyKind.NONE
-        digest = row.content_hash or ""
-        bundle = self._compiled(row, tx)
-        if isinstance(bundle, Exception):
-            return dataclasses.replace(Decision.bundle_error("policy_bundle_invalid", kind, row.revision),
-                                       policy_hash=digest)
-        try:
-            decision = bundle.evaluate(inp)
-        except Exception:
-            log.exception("policy evaluation failed (agent %s, revision %s)", inp.agent_id, row.revision)
-            return Decision(Verdict.DENY, "eval-error", "policy evaluation failed",
-                            policy_kind=kind, policy_revision=row.revision, policy_hash=digest)
-        # The engines know the manifest revision; the content hash is the stored revision's.
-        return dataclasses.replace(decision, policy_hash=digest) if digest else decision
+        return self._evaluate(inp, row, self._compiled(row, tx), row.content_hash or "",
+                              "agent %s, revision %s", (inp.agent_id, row.revision))
 
     def _decide_fork(self, inp: PolicyInput, tx: BundleReads | None, bundle_id: int) -> Decision:
         try:
@@ -183,18 +171,26 @@ class BundleResolver:
             return Decision.bundle_error("fork_bundle_lookup_failed")
         if row is None:
             return Decision.bundle_error("fork_bundle_missing")
-        kind = PolicyKind(row.kind) if row.kind in PolicyKind._value2member_map_ else PolicyKind.NONE
         bundle = self._compiled(row, tx, fork=True)
-        digest = self._fork_digest(bundle_id, tx)
+        return self._evaluate(inp, row, bundle, self._fork_digest(bundle_id, tx), "fork bundle %s", (bundle_id,))
+
+    @staticmethod
+    def _evaluate(inp: PolicyInput, row: Any, bundle: CompiledBundle | Exception, digest: str,
+                  where: str, where_args: tuple[Any, ...]) -> Decision:
+        """The decision of a stored bundle (`row`, an agent's active revision or a fork's bundle),
+        `digest` its content hash; a bundle that did not compile or an evaluation that raised is a
+        deny (logged with `where`)."""
+        kind = PolicyKind(row.kind) if row.kind in PolicyKind._value2member_map_ else PolicyKind.NONE
         if isinstance(bundle, Exception):
             return dataclasses.replace(Decision.bundle_error("policy_bundle_invalid", kind, row.revision),
                                        policy_hash=digest)
         try:
             decision = bundle.evaluate(inp)
         except Exception:
-            log.exception("policy evaluation failed (fork bundle %s)", bundle_id)
+            log.exception("policy evaluation failed (" + where + ")", *where_args)
             return Decision(Verdict.DENY, "eval-error", "policy evaluation failed",
                             policy_kind=kind, policy_revision=row.revision, policy_hash=digest)
+        # The engines know the manifest revision; the content hash is the stored revision's.
         return dataclasses.replace(decision, policy_hash=digest) if digest else decision
 
     def _fork_digest(self, bundle_id: int, tx: BundleReads | None) -> str:
