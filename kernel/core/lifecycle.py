@@ -10,6 +10,7 @@ from datetime import datetime
 
 from kernel.core import events as ev
 from kernel.core.kernel import Kernel
+from kernel.core.store_ports import ExecutionStore
 from kernel.domain import ApprovalStatus, EventType, Execution, ExecutionStatus, StepStatus
 from kernel.errors import Forbidden, NotFound
 from kernel.store import Tx
@@ -18,7 +19,7 @@ CANCELLED_ERROR = {"reason": "execution_cancelled"}
 MAX_ANCESTORS = 100  # how far up the sub-agent tree a walk goes (a bound, whatever the store holds)
 
 
-def load_owned(tx: Tx, execution_id: str, agent_id: str | None) -> Execution:
+def load_owned(tx: ExecutionStore, execution_id: str, agent_id: str | None) -> Execution:
     """The execution, checked to belong to the calling agent (None = a client principal)."""
     return owned(tx.get_execution(execution_id), agent_id)
 
@@ -32,7 +33,7 @@ def owned(e: Execution | None, agent_id: str | None) -> Execution:
     return e
 
 
-def with_ancestors(tx: Tx, e: Execution) -> Iterator[Execution]:
+def with_ancestors(tx: ExecutionStore, e: Execution) -> Iterator[Execution]:
     """`e`, then its parent, its parent's parent… up to MAX_ANCESTORS executions in all."""
     at: Execution | None = e
     for _ in range(MAX_ANCESTORS):
