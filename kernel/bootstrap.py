@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
@@ -15,6 +15,9 @@ from kernel.core.kernel import Kernel
 from kernel.manifest import Manifest, load_manifest, provision
 from kernel.store import SqlStore, open_store
 from kernel.store.migrations import migrate
+
+if TYPE_CHECKING:
+    from kernel.lane import Lane
 
 
 @dataclass
@@ -25,6 +28,7 @@ class Runtime:
     app: FastAPI
     closers: list[Any] = field(default_factory=list)
     manifest: Manifest | None = None
+    lane: Lane | None = None  # the lane its use cases run on (kernel/lane.py); None: not built by build_runtime
 
     def close(self) -> None:
         for c in reversed(self.closers):
@@ -59,7 +63,7 @@ def background_hooks(settings: Settings, kernel: Kernel) -> list[Any]:
     from kernel.sweeper import Sweeper
 
     async def dispatcher(app: FastAPI) -> Any:
-        from kernel.api.threads import call_first
+        from kernel.lane import call_first
 
         # On a loop of its own, its transactions on the lane ahead of the requests' (kernel/dispatcher.py).
         d = DispatcherThread(lambda: Dispatcher(
@@ -220,10 +224,10 @@ def default_core_threads(dialect: str) -> int:
 
 
 def shadow_runner(settings: Settings, kernel: Kernel, rego: Any) -> Any:
-    """Shadow bundles' evaluator (kernel/shadow.py), on Rego workers of its own (`rego`, a
+    """Shadow bundles' evaluator (kernel/shadow_runner.py), on Rego workers of its own (`rego`, a
     `LazyRegoEngine`), started now and set as the kernel's shadow observer."""
-    from kernel.policy.shadow import ShadowBundles
-    from kernel.shadow import ShadowRunner
+    from kernel.policy.shadow_eval import ShadowBundles
+    from kernel.shadow_runner import ShadowRunner
 
     runner = ShadowRunner(kernel, ShadowBundles(kernel.store, rego), queue_size=settings.shadow_queue_size,
                           flush_interval=settings.shadow_flush_interval)
@@ -252,15 +256,10 @@ def build_runtime(settings: Settings) -> Runtime:
     )
     if settings.auto_migrate:
         migrate(store)
-    from kernel.api import threads
+    from kernel import lane as threads
 
-    groups = None
-    if settings.sqlite_group_commit and store.dialect == "sqlite":
-        from kernel.store.sqlite import SqliteStore
-
-        assert isinstance(store, SqliteStore)
-        groups = store.commit_groups()
-    threads.configure(settings.core_threads or default_core_threads(store.dialect), groups)
+    groups = store.commit_groups() if settings.sqlite_group_commit else None
+    lane = threads.configure(settings.core_threads or default_core_threads(store.dialect), groups)
     from kernel.policy.resolver import BundleResolver, LazyRegoEngine
 
     resolver = BundleResolver(
@@ -311,4 +310,5 @@ def build_runtime(settings: Settings) -> Runtime:
 
         app.state.metrics_registry.register(DecisionLogCollector(decision_log))
     app.state.stream_keepalive_seconds = settings.stream_keepalive_seconds
-    return Runtime(settings, store, kernel, app, closers=[limiter.close, resolver.close, shadows.close], manifest=manifest)
+    return Runtime(settings, store, kernel, app, closers=[limiter.close, resolver.close, shadows.close], manifest=manifest,
+                   lane=lane)

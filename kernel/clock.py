@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from kernel.errors import ValidationError
+from kernel.errors import invalid
 
 
 class Clock(Protocol):
@@ -34,10 +33,6 @@ class ManualClock:
         self._now = when
 
 
-def unix_seconds() -> int:
-    return int(time.time())
-
-
 def rfc3339(when: datetime) -> str:
     """RFC 3339 in UTC with microsecond fraction, `Z` suffix (Rebuno's JSON timestamps)."""
     if when.tzinfo is not UTC:
@@ -55,12 +50,12 @@ def parse_time(value: str, name: str, *, naive_is_utc: bool) -> datetime:
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise ValidationError(f"validation error: {name} {value!r} is not a date and time (RFC 3339)") from None
+        raise invalid(f"{name} {value!r} is not a date and time (RFC 3339)") from None
     if when.tzinfo is None:
         if not naive_is_utc:
-            raise ValidationError(f"validation error: {name} {value!r} must carry a time zone (e.g. Z)")
+            raise invalid(f"{name} {value!r} must carry a time zone (e.g. Z)")
         return when.replace(tzinfo=UTC)
     try:
         return when.astimezone(UTC)
     except OverflowError:
-        raise ValidationError(f"validation error: {name} {value!r} is out of range in UTC") from None
+        raise invalid(f"{name} {value!r} is out of range in UTC") from None

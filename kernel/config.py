@@ -6,19 +6,18 @@ duration strings (`30s`, `5m`, `1h30m`).
 
 from __future__ import annotations
 
-import re
 import socket
 from typing import Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+from kernel.duration import DurationError, parse_duration
 
 
 def seconds(value: Any) -> float:
-    """Seconds from a number or a Go duration string; negative values are refused."""
+    """Seconds from a number or a Go duration string (kernel/duration.py, without a sign);
+    negative values are refused."""
     if isinstance(value, int | float):
         out = float(value)
     else:
@@ -26,15 +25,13 @@ def seconds(value: Any) -> float:
         try:
             out = float(text)
         except ValueError:
-            pos, out = 0, 0.0
             if text in ("0", ""):
                 return 0.0
-            for m in _PART.finditer(text):
-                if m.start() != pos:
-                    break
-                out += float(m.group(1)) * _UNIT[m.group(2)]
-                pos = m.end()
-            if pos != len(text) or pos == 0:
+            try:
+                if text[:1] in ("+", "-"):  # a signed number reads as one (above); a signed duration never
+                    raise DurationError(text)
+                out = parse_duration(text)
+            except DurationError:
                 raise ValueError(f"not a duration: {value!r} (use seconds or e.g. 30s, 5m, 1h30m)") from None
     if out < 0:
         raise ValueError(f"duration must not be negative: {value!r}")
@@ -115,7 +112,7 @@ class Settings(BaseSettings):
     # How long a replica keeps an agent's secret after reading it for a signature check
     # (0 = read it on every request). Changes made on this replica apply at once.
     agent_cache_ttl: float = 1.0
-    # Threads that run the core use cases back to back (kernel/api/threads.py); unset: 1 on
+    # Threads that run the core use cases back to back (kernel/lane.py); unset: 1 on
     # SQLite (one writer per file anyway), 4 on PostgreSQL (statements wait on the network)
     core_threads: int | None = Field(default=None, ge=1, le=64)
 

@@ -26,6 +26,11 @@ class ValidationError(RegentError):
     default_message = "validation error"
 
 
+def invalid(message: str) -> ValidationError:
+    """What every validation failure raises: a ValidationError reading "validation error: <message>"."""
+    return ValidationError(f"validation error: {message}")
+
+
 class Unauthorized(RegentError):
     code = "unauthorized"
     default_message = "unauthorized"

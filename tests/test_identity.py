@@ -26,10 +26,9 @@ from kernel.identity import (
     args_hash,
     canonical_hash,
     canonical_json,
-    new_uuid7,
-    parse_uuid,
     step_id,
 )
+from kernel.ids import new_uuid7, parse_uuid
 
 FIXTURES = Path(__file__).parent / "fixtures"
 _DATA = json.loads((FIXTURES / "identity_vectors.json").read_text(encoding="utf-8"))

@@ -11,13 +11,13 @@ from typing import Literal
 from starlette.requests import Request
 
 from kernel.api.body import BodyTooLarge, read_body
-from kernel.api.threads import before_next_call, call
 from kernel.core import agents, api_keys
 from kernel.core.api_keys import SCOPES
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
-from kernel.core.replays import ReplayGuard, SharedReplays
+from kernel.core.request_reuse import ReplayGuard, SharedReplays
 from kernel.errors import Forbidden, Unauthorized
+from kernel.lane import before_next_call, call
 from kernel.signing import verify_request
 
 ALL_SCOPES = SCOPES  # kernel/core/api_keys.py

@@ -14,7 +14,7 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import Request
 
 from kernel.errors import ValidationError
-from kernel.identity import whole_number
+from kernel.ids import whole_number
 from kernel.text import text_problem
 
 M = TypeVar("M", bound=BaseModel)

@@ -12,10 +12,10 @@ from starlette.responses import Response
 from starlette.routing import compile_path, request_response
 
 from kernel.api.auth import Authenticator
-from kernel.api.threads import call, call_hot, long_lived  # noqa: F401 - the routers take them from here
 from kernel.core.kernel import Kernel
 from kernel.errors import ValidationError
-from kernel.identity import parse_uuid, whole_number
+from kernel.ids import parse_uuid, whole_number
+from kernel.lane import call, call_hot, long_lived  # noqa: F401 - the routers take them from here
 from kernel.text import check_text
 
 

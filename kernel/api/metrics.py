@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kernel.api import threads
+from kernel import lane as threads
 from kernel.core.kernel import Kernel
 
 
@@ -104,7 +104,7 @@ class LabelBudget:
 
 
 class _LaneCollector(Collector):
-    """The lane as it is at scrape time (kernel/api/threads.py)."""
+    """The lane as it is at scrape time (kernel/lane.py)."""
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         lane = threads.lane()
@@ -123,7 +123,7 @@ class _LaneCollector(Collector):
 
 
 class ReplayCollector(Collector):
-    """The replay guard of the app's Authenticator (kernel/core/replays.py), at scrape time."""
+    """The replay guard of the app's Authenticator (kernel/core/request_reuse.py), at scrape time."""
 
     def __init__(self, auth: Any):
         self.auth = auth
@@ -177,7 +177,7 @@ class _KernelCollector(Collector):
         yield CounterMetricFamily("regent_dispatch_claims_skipped", "Dispatch claims that raised and were "
                                   "skipped (logged; the row's next attempt moved back).",
                                   value=self.kernel.dispatch_claims_skipped)
-        shadow = self.kernel.shadow  # kernel/shadow.py's runner; absent counters read as 0
+        shadow = self.kernel.shadow  # kernel/shadow_runner.py's runner; absent counters read as 0
         for name, attr, help in (
             ("regent_shadow_judged", "judged", "Steps judged by a shadow bundle in this process."),
             ("regent_shadow_faults", "faults", "Shadow judgements that timed out, crashed or errored."),

@@ -88,7 +88,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_revoke(args: argparse.Namespace) -> int:
     from kernel.core import api_keys
-    from kernel.identity import parse_uuid
+    from kernel.ids import parse_uuid
 
     try:
         key_id = parse_uuid(args.key_id)

@@ -47,7 +47,7 @@ def _quiet(args: argparse.Namespace) -> None:
 
 def cmd_test(args: argparse.Namespace) -> int:
     if args.execution or args.last is not None:
-        from kernel.cli.policy_replay import run_replay
+        from kernel.cli.policy_backtest import run_replay
 
         return run_replay(args)
     _quiet(args)
@@ -262,7 +262,7 @@ def add_commands(sub: Any) -> None:
     t.add_argument("--strict", action="store_true",
                    help="Rego: strict-mode checks and strict builtin errors; YAML: authoring warnings are errors")
     t.add_argument("-v", "--verbose", action="store_true", help="show the engine's log lines")
-    from kernel.cli.policy_replay import add_replay_arguments
+    from kernel.cli.policy_backtest import add_replay_arguments
 
     add_replay_arguments(t)
     t.set_defaults(fn=cmd_test)

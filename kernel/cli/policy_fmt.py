@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from kernel.policy.rego.dialect import rewrite_v0_v1, v1_problems
+from kernel.policy.rego.v0_syntax import rewrite_v0_v1, v1_problems
 
 err = Console(stderr=True, soft_wrap=True)
 

@@ -26,8 +26,8 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def install_inline(server: Any) -> None:
     """Let this uvicorn server's step calls run on its event loop when the kernel is idle
-    (kernel/api/threads.py `call_hot`; SQLite only, `REGENT_SQLITE_INLINE_IDLE_CALLS`)."""
-    from kernel.api import threads
+    (kernel/lane.py `call_hot`; SQLite only, `REGENT_SQLITE_INLINE_IDLE_CALLS`)."""
+    from kernel import lane as threads
 
     # uvicorn adds a request's task when its headers are read, before the task runs: requests
     # that arrived together are all counted, so a step call runs on the loop only when alone.

@@ -15,7 +15,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from kernel.cli.policy_replay import _candidate, _fail
+from kernel.cli.policy_backtest import _candidate, _fail
 from kernel.errors import ValidationError
 
 # A terminal gets rich's width; a pipe or a file gets whole lines (execution and step ids intact).

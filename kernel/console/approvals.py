@@ -11,12 +11,12 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from kernel.api.threads import call
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, redirect, require, viewer
 from kernel.core import approvals
 from kernel.core.inbox import FILTERS, InboxItem, InboxQuery, approval_item, inbox, stamp
 from kernel.errors import Conflict, Forbidden, NotFound, ValidationError
-from kernel.identity import parse_uuid
+from kernel.ids import parse_uuid
+from kernel.lane import call
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 MAX_COMMENT = 2000

@@ -16,7 +16,6 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from kernel.api.threads import call
 from kernel.console.policies import source_files
 from kernel.console.web import (
     SECURITY_HEADERS,
@@ -29,9 +28,10 @@ from kernel.console.web import (
     time_field,
     viewer,
 )
-from kernel.core import agents, decisions, policies, timeline
+from kernel.core import agents, audit, policies, timeline
 from kernel.domain import DecisionOutcome
 from kernel.errors import ValidationError
+from kernel.lane import call
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 SCOPE = "decisions:read"
@@ -47,17 +47,17 @@ CSV_COLUMNS = ("decided_at", "agent_id", "execution_id", "step_id", "kind", "tar
 
 
 async def query_of(request: Request, limit: int = PAGE_SIZE,
-                   cursor: bool = True) -> tuple[decisions.DecisionQuery, dict[str, str]]:
+                   cursor: bool = True) -> tuple[audit.DecisionQuery, dict[str, str]]:
     """The search form's fields → the core's query (and the fields as given, to refill the form).
     The bundle field takes a revision name or a policy hash."""
     query, fields = _query(request, limit, cursor)
     if query.policy_hash is not None:
         h = await call(policies.policy_hash_of, kernel_of(request), query.policy_hash, query.agent_id)
-        query = decisions.DecisionQuery(**{**_fields(query), "policy_hash": h})
+        query = audit.DecisionQuery(**{**_fields(query), "policy_hash": h})
     return query, fields
 
 
-def _query(request: Request, limit: int, cursor: bool) -> tuple[decisions.DecisionQuery, dict[str, str]]:
+def _query(request: Request, limit: int, cursor: bool) -> tuple[audit.DecisionQuery, dict[str, str]]:
     q = request.query_params
     fields = {key: q.get(key, "").strip() for key in FIELDS}
     for key, value in fields.items():
@@ -66,7 +66,7 @@ def _query(request: Request, limit: int, cursor: bool) -> tuple[decisions.Decisi
     decision, rule = fields["decision"] or None, fields["rule_id"] or None
     if fields["decision"] in RULE_SHORTCUTS:
         decision, rule = None, RULE_SHORTCUTS[fields["decision"]]
-    return decisions.DecisionQuery(
+    return audit.DecisionQuery(
         agent_id=fields["agent_id"] or None, decision=decision, rule_id=rule, target=fields["target"] or None,
         policy_hash=fields["policy_hash"] or None, execution_id=fields["execution_id"] or None,
         since=time_field(fields["from"], "from"), until=time_field(fields["to"], "to"),
@@ -126,7 +126,7 @@ def _per(width: timedelta) -> str:
     return unit if n == 1 else f"{n} {unit}s"
 
 
-def chart(counts: decisions.DecisionCounts) -> Chart:
+def chart(counts: audit.DecisionCounts) -> Chart:
     """Stacked bars, one per time bucket, one colour and pattern per outcome (numbers only:
     nothing a visitor typed reaches the SVG except through the escaped title text)."""
     width, height, left, bottom, top_pad = 960, 200, 40, 22, 26  # top_pad: the caption's line
@@ -150,21 +150,21 @@ def chart(counts: decisions.DecisionCounts) -> Chart:
     return Chart(width, height, max(slot - 2, 1), bars, ticks, top, sum(per), span, _per(counts.width))
 
 
-def window(query: decisions.DecisionQuery, now: datetime) -> tuple[datetime, datetime]:
+def window(query: audit.DecisionQuery, now: datetime) -> tuple[datetime, datetime]:
     """The time window the page, its chart and its exports all cover: the search's from/to;
     from alone runs to now (the second after it, so what was decided this instant is in), to
     alone reaches 24 hours back; neither is the last 24 whole hours."""
     since, until = query.since, query.until
     if since is None and until is None:
-        return decisions.default_range(now)
+        return audit.default_range(now)
     if since is None:
         assert until is not None
         return until - timedelta(hours=24), until
     return since, until if until is not None else _pin(now, now)
 
 
-def _windowed(query: decisions.DecisionQuery, since: datetime, until: datetime) -> decisions.DecisionQuery:
-    return decisions.DecisionQuery(**{**_fields(query), "since": since, "until": until})
+def _windowed(query: audit.DecisionQuery, since: datetime, until: datetime) -> audit.DecisionQuery:
+    return audit.DecisionQuery(**{**_fields(query), "since": since, "until": until})
 
 
 def _pin(until: datetime, now: datetime) -> datetime:
@@ -190,11 +190,11 @@ async def audit_page(request: Request) -> Response:
     try:
         query, fields = await query_of(request)
         span = window(query, now)
-        result = await call(decisions.list_decisions, k, _windowed(query, *span))
+        result = await call(audit.list_decisions, k, _windowed(query, *span))
     except ValidationError as exc:
         error, status = exc.message.removeprefix("validation error: "), 400
         fields = {key: request.query_params.get(key, "").strip()[:1024] for key in FIELDS}
-        result = decisions.DecisionPage()
+        result = audit.DecisionPage()
     known = await call(agents.list_agents, k)
     search = {key: value for key, value in fields.items() if value}
     export = urlencode(search)
@@ -211,13 +211,13 @@ async def audit_page(request: Request) -> Response:
 @router.get("/console/audit/chart.svg")
 async def chart_svg(request: Request) -> Response:
     """The chart, drawn on the server; a separate request (the page's <img>), so the search's
-    page does not wait for it. Closed hours come from the hourly rollup (core.decisions)."""
+    page does not wait for it. Closed hours come from the hourly rollup (core.audit)."""
     v = await viewer(request)
     require(v, SCOPE)
     query, _ = await query_of(request, cursor=False)
     k = kernel_of(request)
     since, until = window(query, k.clock.now())
-    counts = await call(decisions.count_decisions, k, query, since, until)
+    counts = await call(audit.count_decisions, k, query, since, until)
     svg = templates.get_template("_chart.svg").render(chart=chart(counts))
     return finish(request, Response(svg, media_type="image/svg+xml"))
 
@@ -228,8 +228,8 @@ class Export:
     page on the keyset cursor until the window is exhausted — never cut at a row count."""
 
     about: dict[str, Any]
-    first: decisions.DecisionPage
-    query: decisions.DecisionQuery
+    first: audit.DecisionPage
+    query: audit.DecisionQuery
     rows: int = 0
 
 
@@ -240,12 +240,12 @@ async def _export(request: Request) -> Export:
     unknown decision, a bad cursor) is a 400 with its message rather than a stream cut off
     after its headers."""
     k = kernel_of(request)
-    query, fields = await query_of(request, limit=decisions.MAX_PAGE, cursor=False)
+    query, fields = await query_of(request, limit=audit.MAX_PAGE, cursor=False)
     now = k.clock.now()
     since, until = window(query, now)
     until = _pin(until, now)
     query = _windowed(query, since, until)
-    first = await call(decisions.list_decisions, k, query)
+    first = await call(audit.list_decisions, k, query)
     about = {"kind": "regent.decisions", "from": _stamp(since), "to": _stamp(until),
              "filters": {key: value for key, value in fields.items() if value and key not in ("from", "to")},
              "order": "newest first", "generated_at": _stamp(now)}
@@ -258,14 +258,14 @@ async def _records(request: Request, ex: Export) -> AsyncIterator[dict[str, Any]
     while True:
         for r in result.decisions:
             ex.rows += 1
-            yield decisions.decision_json(r)
+            yield audit.decision_json(r)
         if not result.next_cursor:
             return
-        q = decisions.DecisionQuery(**{**_fields(ex.query), "cursor": result.next_cursor})
-        result = await call(decisions.list_decisions, k, q)
+        q = audit.DecisionQuery(**{**_fields(ex.query), "cursor": result.next_cursor})
+        result = await call(audit.list_decisions, k, q)
 
 
-def _fields(q: decisions.DecisionQuery) -> dict[str, Any]:
+def _fields(q: audit.DecisionQuery) -> dict[str, Any]:
     return {name: getattr(q, name) for name in q.__dataclass_fields__}
 
 

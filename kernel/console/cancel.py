@@ -6,12 +6,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from kernel.api.threads import call
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, redirect, require, viewer
 from kernel.core import executions
 from kernel.core.lifecycle import Canceller, cancel_scope, check_rationale
 from kernel.errors import ValidationError
-from kernel.identity import parse_uuid
+from kernel.ids import parse_uuid
+from kernel.lane import call
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 

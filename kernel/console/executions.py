@@ -8,7 +8,6 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from kernel.api.threads import call
 from kernel.console.web import (
     ConsoleRoute,
     fragment,
@@ -21,7 +20,8 @@ from kernel.console.web import (
 from kernel.core import agents, timeline
 from kernel.domain import ExecutionStatus
 from kernel.errors import ValidationError
-from kernel.identity import parse_uuid, whole_number
+from kernel.ids import parse_uuid, whole_number
+from kernel.lane import call
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 PAGE_SIZE = 50

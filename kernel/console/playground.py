@@ -11,14 +11,15 @@ from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
 from kernel.api.body import MAX_INT_DIGITS
-from kernel.api.threads import call
 from kernel.console.policies import gate_errors
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, require, viewer
 from kernel.core import agents, playground
 from kernel.core.policy_test import Candidate
 from kernel.domain import PolicyInput, StepKind
 from kernel.errors import NotFound, ValidationError
-from kernel.identity import MAX_DEPTH, canonical_json, whole_number
+from kernel.identity import MAX_DEPTH, canonical_json
+from kernel.ids import whole_number
+from kernel.lane import call
 from kernel.text import check_text
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API

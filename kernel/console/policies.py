@@ -15,12 +15,12 @@ from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
-from kernel.api.threads import call
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, redirect, require, viewer
 from kernel.core import agents, policies, shadow
 from kernel.core.policies import Actor, PolicyRevision
 from kernel.errors import NotFound, ValidationError
-from kernel.identity import whole_number
+from kernel.ids import whole_number
+from kernel.lane import call
 from kernel.text import check_text
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API

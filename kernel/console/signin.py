@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from kernel.api.threads import call
 from kernel.console.session import BOOTSTRAP, COOKIE
 from kernel.console.web import (
     ConsoleRoute,
@@ -19,6 +18,7 @@ from kernel.console.web import (
     viewer,
 )
 from kernel.errors import Unauthorized
+from kernel.lane import call
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 

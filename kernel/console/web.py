@@ -19,14 +19,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from kernel.api.errors import CODE_TO_STATUS
-from kernel.api.threads import call
 from kernel.clock import parse_time
 from kernel.console.session import ANONYMOUS, BOOTSTRAP, COOKIE, Session, Sessions, Viewer
+from kernel.core.api_keys import key_principal
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
-from kernel.core.principals import key_principal
 from kernel.errors import Forbidden, RegentError, ValidationError
-from kernel.identity import whole_number
+from kernel.ids import whole_number
+from kernel.lane import call
 
 HERE = Path(__file__).parent
 FORM_LIMIT = 2 * 1024 * 1024  # bytes of a console form (a bundle upload is the largest)

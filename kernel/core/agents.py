@@ -10,8 +10,8 @@ import idna
 
 from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
 from kernel.core.policies import Actor
-from kernel.domain import Agent
-from kernel.errors import Conflict, NotFound, ValidationError
+from kernel.domain import Agent, PolicyEventType
+from kernel.errors import Conflict, NotFound, invalid
 
 MIN_LEASE_SECONDS = 10
 
@@ -24,10 +24,10 @@ def validate_lease(lease_timeout_seconds: int | None) -> int | None:
     if lease_timeout_seconds is None:
         return None
     if isinstance(lease_timeout_seconds, bool) or not isinstance(lease_timeout_seconds, int):
-        raise ValidationError("validation error: lease_timeout_seconds must be a whole number of seconds")
+        raise invalid("lease_timeout_seconds must be a whole number of seconds")
     if not 0 <= lease_timeout_seconds <= MAX_LEASE_SECONDS:
-        raise ValidationError(
-            f"validation error: lease_timeout_seconds must be 0-{MAX_LEASE_SECONDS} "
+        raise invalid(
+            f"lease_timeout_seconds must be 0-{MAX_LEASE_SECONDS} "
             f"(values below {MIN_LEASE_SECONDS} mean the kernel default)")
     return lease_timeout_seconds if lease_timeout_seconds >= MIN_LEASE_SECONDS else None
 
@@ -54,10 +54,10 @@ def validate_webhook_url(webhook_url: str) -> None:
     """400 unless `webhook_url` is an http(s) URL the delivery client can send to, at most
     MAX_WEBHOOK_URL_CHARS long."""
     if len(webhook_url) > MAX_WEBHOOK_URL_CHARS:
-        raise ValidationError(f"validation error: webhook_url must be at most {MAX_WEBHOOK_URL_CHARS} characters "
+        raise invalid(f"webhook_url must be at most {MAX_WEBHOOK_URL_CHARS} characters "
                               f"(got {len(webhook_url)})")
     shown = webhook_url if len(webhook_url) <= 200 else webhook_url[:200] + "…"
-    bad = ValidationError(f"validation error: webhook_url must be an http(s) URL with a host, not {shown!r}")
+    bad = invalid(f"webhook_url must be an http(s) URL with a host, not {shown!r}")
     if _NOT_IN_URL.search(webhook_url):
         raise bad
     try:
@@ -77,15 +77,15 @@ def validate_webhook_url(webhook_url: str) -> None:
 
 def validate_agent_fields(agent_id: str, webhook_url: str, secret: str) -> None:
     if AGENT_ID.fullmatch(agent_id) is None:
-        raise ValidationError("validation error: id must be 1-200 characters: an ASCII letter or digit, then "
+        raise invalid("id must be 1-200 characters: an ASCII letter or digit, then "
                               "letters, digits, '.', '_', '-', ':' or '@'")
     if _UNSTORABLE.search(webhook_url) or _UNSTORABLE.search(secret):
-        raise ValidationError("validation error: webhook_url and secret must be valid Unicode without NUL")
+        raise invalid("webhook_url and secret must be valid Unicode without NUL")
     validate_webhook_url(webhook_url)
     if not secret:
-        raise ValidationError("validation error: secret must not be empty")
+        raise invalid("secret must not be empty")
     if len(secret) > MAX_SECRET_CHARS:
-        raise ValidationError(f"validation error: secret must be at most {MAX_SECRET_CHARS} characters")
+        raise invalid(f"secret must be at most {MAX_SECRET_CHARS} characters")
 
 
 def register_agent(
@@ -117,7 +117,7 @@ def register_agent(
         if cleared:
             who = actor or Actor()
             tx.clear_policy(agent_id)
-            tx.add_policy_event(agent_id, "policy.cleared", now, actor=who.name, credential=who.credential,
+            tx.add_policy_event(agent_id, PolicyEventType.CLEARED, now, actor=who.name, credential=who.credential,
                                 payload={"reason": "agent_reregistered"})
     k.secrets.forget(agent_id)
     if cleared:

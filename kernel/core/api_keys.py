@@ -18,8 +18,8 @@ from typing import Any
 
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
-from kernel.errors import Forbidden, NotFound, ValidationError
-from kernel.identity import new_uuid7
+from kernel.errors import Forbidden, NotFound, invalid
+from kernel.ids import new_uuid7
 from kernel.text import check_text
 
 SCOPES = frozenset(
@@ -89,24 +89,24 @@ def create_key(
     or a label such as "cli"."""
     name = check_text(name, "name").strip()
     if not 0 < len(name) <= 200:
-        raise ValidationError("validation error: name must be 1-200 characters")
+        raise invalid("name must be 1-200 characters")
     if len(scopes) > MAX_SCOPES:  # 10 000 entries were accepted (and deduplicated) before
-        raise ValidationError(f"validation error: scopes must list at most {MAX_SCOPES} entries")
+        raise invalid(f"scopes must list at most {MAX_SCOPES} entries")
     for s in scopes:
         check_text(s, "scopes")
     wanted = sorted(set(scopes))
     if not wanted:
-        raise ValidationError("validation error: scopes must name at least one scope")
+        raise invalid("scopes must name at least one scope")
     unknown = [s for s in wanted if s not in SCOPES]
     if unknown:
-        raise ValidationError(f"validation error: unknown scope(s) {', '.join(unknown)}; "
+        raise invalid(f"unknown scope(s) {', '.join(unknown)}; "
                               f"choose from {', '.join(sorted(SCOPES))}")
     now = k.clock.now()
     if expires_at is not None:
         if expires_at.tzinfo is None:
-            raise ValidationError("validation error: expires_at must carry a time zone")
+            raise invalid("expires_at must carry a time zone")
         if expires_at <= now:
-            raise ValidationError("validation error: expires_at must be in the future")
+            raise invalid("expires_at must be in the future")
     creator: str | None
     if isinstance(created_by, Principal):
         beyond = [s for s in wanted if not created_by.has(s)]

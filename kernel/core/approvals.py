@@ -7,7 +7,7 @@ from datetime import datetime
 
 from kernel.core import decision_log as dlog
 from kernel.core import events as ev
-from kernel.core.decisions import approval_record
+from kernel.core.audit import approval_record
 from kernel.core.kernel import Kernel
 from kernel.core.leases import enqueue
 from kernel.core.lifecycle import with_ancestors

@@ -17,7 +17,7 @@ from typing import Any
 from kernel.clock import rfc3339
 from kernel.core.kernel import Kernel
 from kernel.domain import Approval, Decision, DecisionRecord, Execution, PolicyInput
-from kernel.identity import new_uuid7
+from kernel.ids import new_uuid7
 
 STEP_PATH = "regent/step"
 APPROVAL_PATH = "regent/approval"

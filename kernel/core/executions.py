@@ -22,7 +22,7 @@ from kernel.domain import (
     ExecutionStatus,
 )
 from kernel.errors import Conflict, ExecutionTerminal, NotFound, Overloaded
-from kernel.identity import new_uuid7
+from kernel.ids import new_uuid7
 from kernel.store import Tx
 
 

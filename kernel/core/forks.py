@@ -22,8 +22,8 @@ from kernel.core import resources
 from kernel.core.kernel import Kernel
 from kernel.core.leases import enqueue
 from kernel.domain import EventType, Execution, ExecutionStatus
-from kernel.errors import NotFound, ValidationError
-from kernel.identity import new_uuid7
+from kernel.errors import NotFound, invalid
+from kernel.ids import new_uuid7
 
 # The outcomes a fork point can follow.
 _OUTCOME_EVENTS = frozenset({EventType.STEP_SUCCEEDED.value, EventType.STEP_FAILED.value, EventType.STEP_DENIED.value})
@@ -45,7 +45,7 @@ def fork_execution(
             raise NotFound("execution not found")
         last = tx.last_event_seq(source_id)
         if not 0 <= at_seq <= last:
-            raise ValidationError(f"validation error: at_seq must be between 0 and {last} (the last event)")
+            raise invalid(f"at_seq must be between 0 and {last} (the last event)")
     revision = k.policy.check(bundle.kind, bundle.content) if bundle is not None else None  # the load gate
     eid = new_uuid7()
     with k.store.transaction(session=session) as tx:

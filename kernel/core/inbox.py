@@ -12,7 +12,7 @@ from datetime import datetime
 from kernel.core.approvals import Principal, _refuse_self_approval
 from kernel.core.kernel import Kernel
 from kernel.domain import Approval, ApprovalStatus, Step
-from kernel.errors import Forbidden, ValidationError
+from kernel.errors import Forbidden, invalid
 from kernel.store import Tx
 from kernel.text import check_text
 
@@ -72,9 +72,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         at, _, aid = raw.partition("|")
         when = datetime.fromisoformat(at)
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise ValidationError("validation error: cursor is not an inbox cursor") from None
+        raise invalid("cursor is not an inbox cursor") from None
     if when.tzinfo is None or not aid or len(aid) > 36:
-        raise ValidationError("validation error: cursor is not an inbox cursor")
+        raise invalid("cursor is not an inbox cursor")
     return when, aid
 
 
@@ -154,7 +154,7 @@ def inbox(k: Kernel, q: InboxQuery | None = None, principal: Principal | None = 
     q = q or InboxQuery()
     who = principal or Principal(admin=True)
     if not 1 <= q.limit <= 500:
-        raise ValidationError("validation error: limit must be 1-500")
+        raise invalid("limit must be 1-500")
     with k.store.read() as tx:
         if q.before:
             rows, earlier, scanned_out = _walk(k, tx, q, who, q.before, True, q.limit)

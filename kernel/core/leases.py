@@ -13,7 +13,7 @@ from kernel.core import events as ev
 from kernel.core.kernel import Kernel
 from kernel.domain import Dispatch, DispatchStatus, EventType
 from kernel.errors import LeaseSuperseded
-from kernel.identity import new_uuid7
+from kernel.ids import new_uuid7
 from kernel.store import Tx
 
 

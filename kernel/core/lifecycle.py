@@ -11,6 +11,7 @@ from datetime import datetime
 
 from kernel.core import events as ev
 from kernel.core.kernel import Kernel
+from kernel.core.store_ports import ExecutionStore
 from kernel.domain import ApprovalStatus, EventType, Execution, ExecutionStatus, StepStatus
 from kernel.errors import Forbidden, NotFound, ValidationError
 from kernel.store import Tx
@@ -58,7 +59,7 @@ def cancel_scope(k: Kernel, execution_id: str) -> CancelScope:
                            len(tx.steps_in_status(e.id, StepStatus.EXECUTING)))
 
 
-def load_owned(tx: Tx, execution_id: str, agent_id: str | None) -> Execution:
+def load_owned(tx: ExecutionStore, execution_id: str, agent_id: str | None) -> Execution:
     """The execution, checked to belong to the calling agent (None = a client principal)."""
     return owned(tx.get_execution(execution_id), agent_id)
 
@@ -72,7 +73,7 @@ def owned(e: Execution | None, agent_id: str | None) -> Execution:
     return e
 
 
-def with_ancestors(tx: Tx, e: Execution) -> Iterator[Execution]:
+def with_ancestors(tx: ExecutionStore, e: Execution) -> Iterator[Execution]:
     """`e`, then its parent, its parent's parent… up to MAX_ANCESTORS executions in all."""
     at: Execution | None = e
     for _ in range(MAX_ANCESTORS):

@@ -74,7 +74,7 @@ def replay_recent(k: Kernel, agent_id: str, n: int, candidate: Candidate | None)
     """The agent's last `n` executions (at most MAX_REPLAY_EXECUTIONS) replayed against the
     candidate (or the active bundle): every recorded decision that would change."""
     from kernel.core.policy_test import candidate_for, recorded_steps
-    from kernel.policy.replay import replay
+    from kernel.policy.backtest import replay
 
     n = max(1, min(n, MAX_REPLAY_EXECUTIONS))
     with k.store.read() as tx:

@@ -11,9 +11,9 @@ from datetime import datetime
 from kernel.clock import rfc3339
 from kernel.core.kernel import Kernel
 from kernel.domain import EventType
-from kernel.errors import NotFound, ValidationError
+from kernel.errors import NotFound, invalid
+from kernel.policy.backtest import RecordedStep, ReplayReport, replay
 from kernel.policy.cases import Report, parse_cases, run_cases
-from kernel.policy.replay import RecordedStep, ReplayReport, replay
 from kernel.policy.resolver import (
     CompiledBundle,
     LazyRegoEngine,
@@ -48,7 +48,7 @@ def compiled(k: Kernel, c: Candidate) -> Iterator[CompiledBundle]:
         yield compile_yaml(c.content, yaml_revision(c.content))
         return
     if c.kind != "rego":
-        raise ValidationError(f"validation error: unsupported bundle kind {c.kind!r} (yaml or rego)")
+        raise invalid(f"unsupported bundle kind {c.kind!r} (yaml or rego)")
     from kernel.policy.rego import compile_rego_bundle
 
     lazy = getattr(k.policy, "rego", None)
@@ -69,7 +69,7 @@ def candidate_for(k: Kernel, tx: Tx, agent_id: str, given: Candidate | None) -> 
         return given
     row = tx.active_policy(agent_id)
     if row is None:
-        raise ValidationError(f'validation error: agent "{agent_id}" has no policy bundle')
+        raise invalid(f'agent "{agent_id}" has no policy bundle')
     return Candidate(row.kind, row.content)
 
 

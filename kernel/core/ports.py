@@ -1,8 +1,8 @@
 """The seams the core sees: the policy resolver, the rate limiter, the judge and the shadow
 observer, as small Protocols.
 
-The store is `kernel.store.SqlStore` (one implementation per dialect behind one class); the app
-factory is the one place that picks concrete classes.
+The store is `kernel.store.SqlStore` (one implementation per dialect behind one class), seen by
+part in `store_ports.py`; the app factory is the one place that picks concrete classes.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from kernel.domain import Decision, JudgeAnswer, JudgeSpec, PolicyInput, RateLimitSpec
-from kernel.store import Tx
+from kernel.domain import Decision, JudgeAnswer, JudgeSpec, LimitOutcome, PolicyInput, RateLimitSpec
+from kernel.policy.source import BundleReads
 
 
 class PolicyResolver(Protocol):
@@ -22,7 +22,7 @@ class PolicyResolver(Protocol):
     revision there, in the same snapshot as the execution (and without a transaction of its own).
     """
 
-    def decide(self, inp: PolicyInput, tx: Tx | None = None, bundle_id: int | None = None) -> Decision: ...
+    def decide(self, inp: PolicyInput, tx: BundleReads | None = None, bundle_id: int | None = None) -> Decision: ...
 
     def check(self, kind: str, content: str) -> str:
         """The load gate: compile without storing; returns the revision or raises ValidationError."""
@@ -32,20 +32,13 @@ class PolicyResolver(Protocol):
 class PermissiveResolver:
     """No bundles at all: every step is allowed with rule id `permissive`."""
 
-    def decide(self, inp: PolicyInput, tx: Tx | None = None, bundle_id: int | None = None) -> Decision:
+    def decide(self, inp: PolicyInput, tx: BundleReads | None = None, bundle_id: int | None = None) -> Decision:
         return Decision.permissive()
 
     def check(self, kind: str, content: str) -> str:
-        from kernel.errors import ValidationError
+        from kernel.errors import invalid
 
-        raise ValidationError("validation error: this kernel has no policy engines")
-
-
-@dataclass(frozen=True, slots=True)
-class LimitOutcome:
-    admitted: bool
-    wait_seconds: float = 0.0  # until one call is available again, when refused
-    error: str | None = None  # the limiter could not be asked
+        raise invalid("this kernel has no policy engines")
 
 
 class Limiter(Protocol):

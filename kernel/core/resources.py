@@ -22,7 +22,7 @@ from kernel.core.executions import load_owned
 from kernel.core.kernel import Kernel
 from kernel.core.leases import require_live_lease
 from kernel.domain import EventType, Execution
-from kernel.errors import Conflict, ExecutionTerminal, NotFound, ValidationError
+from kernel.errors import Conflict, ExecutionTerminal, NotFound, invalid
 from kernel.store import Tx, codec
 
 # The seq of a fork's `execution.forked` event (created, forked, started: 1, 2, 3).
@@ -134,7 +134,7 @@ def record_captures(tx: Tx, execution_id: str, now: datetime, captures: list[Cap
     rows = {key: tx.get_resource(execution_id, key) for key in {c.key for c in captures} | {f.key for f in failures}}
     missing = sorted(key for key, r in rows.items() if r is None)
     if missing:
-        raise ValidationError(f"validation error: resource {missing[0]!r} is not registered for this execution")
+        raise invalid(f"resource {missing[0]!r} is not registered for this execution")
     base = tx.last_event_seq(execution_id)
     out: list[ev.Ev] = []
     for c in captures:
@@ -158,7 +158,7 @@ def require_registered(tx: Tx, execution_id: str, keys: tuple[str, ...]) -> list
     rows = [tx.get_resource(execution_id, key) for key in keys]
     for key, r in zip(keys, rows, strict=True):
         if r is None:
-            raise ValidationError(f"validation error: resource {key!r} is not registered for this execution")
+            raise invalid(f"resource {key!r} is not registered for this execution")
     return rows
 
 

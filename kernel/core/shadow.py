@@ -13,6 +13,7 @@ from kernel.core import decision_log as dlog
 from kernel.core.kernel import Kernel
 from kernel.core.policies import Actor, PolicyRevision, _with_trail, refuse_if_pulled
 from kernel.core.ports import LimitOutcome, ShadowObservation
+from kernel.core.retention import delete_in_batches
 from kernel.domain import Decision, PolicyInput, Verdict
 from kernel.domain.decision import ShadowRef, apply_budget
 from kernel.errors import Conflict, NotFound, ValidationError
@@ -318,14 +319,8 @@ def delete_expired_disagreements(k: Kernel, batch: int = 1000, max_batches: int 
     if k.shadow_retention <= 0:
         return 0
     cutoff = k.clock.now() - timedelta(seconds=k.shadow_retention)
-    total = 0
-    for _ in range(max_batches):
-        with k.store.transaction() as tx:
-            n = tx.delete_shadow_disagreements_before(cutoff, batch)
-        total += n
-        if n < batch:
-            break
-    return total
+    return delete_in_batches(k, lambda tx, before, n: tx.delete_shadow_disagreements_before(before, n), cutoff,
+                             batch, max_batches)
 
 
 def shadowing_refs(k: Kernel) -> list[ShadowRef]:

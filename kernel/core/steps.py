@@ -12,7 +12,7 @@ from kernel.clock import rfc3339
 from kernel.core import decision_log as dlog
 from kernel.core import events as ev
 from kernel.core import resources
-from kernel.core.decisions import policy_record
+from kernel.core.audit import policy_record
 from kernel.core.executions import load_owned, owned
 from kernel.core.kernel import Kernel
 from kernel.core.leases import check_attempt, park_until
@@ -40,8 +40,8 @@ from kernel.domain import (
 from kernel.domain.decision import apply_budget
 from kernel.domain.step import INDETERMINATE_ERROR, Idempotency
 from kernel.errors import Conflict, LeaseSuperseded, NotFound
-from kernel.identity import new_uuid7
 from kernel.identity import step_id as compute_step_id
+from kernel.ids import new_uuid7
 from kernel.store import Tx
 
 

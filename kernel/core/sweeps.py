@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from kernel.core.approvals import expire_approvals
-from kernel.core.decisions import delete_expired_decisions, flush_decision_journal, roll_up_recent
+from kernel.core.audit import delete_expired_decisions, flush_decision_journal, roll_up_recent
 from kernel.core.executions import cancel_in_tx
 from kernel.core.kernel import Kernel
+from kernel.core.retention import delete_in_batches
 from kernel.core.sessions import ended, repair
 from kernel.core.shadow import delete_expired_disagreements
 from kernel.domain import ExecutionStatus
@@ -71,14 +72,7 @@ def delete_expired_executions(k: Kernel, batch: int = 200) -> int:
     if k.retention <= 0:
         return 0
     cutoff = k.clock.now() - timedelta(seconds=k.retention)
-    total = 0
-    for _ in range(_MAX_BATCHES):
-        with k.store.transaction() as tx:
-            n = tx.delete_terminal_executions_before(cutoff, batch)
-        total += n
-        if n < batch:
-            break
-    return total
+    return delete_in_batches(k, lambda tx, before, n: tx.delete_terminal_executions_before(before, n), cutoff, batch)
 
 
 def deadline_sweep(k: Kernel, leader_key: str) -> int | None:

@@ -11,7 +11,7 @@ from typing import Any
 from kernel.core.executions import load_owned
 from kernel.core.kernel import Kernel
 from kernel.domain import Approval, Event, EventType, Execution, Step
-from kernel.errors import ValidationError
+from kernel.errors import invalid
 from kernel.text import check_text
 
 TIMELINE_EVENTS = 500  # events per timeline page (about 125 steps); the rest are a "later events" link away
@@ -39,7 +39,7 @@ def id_prefix(text: str) -> str:
     surrounding spaces dropped); ValidationError for anything an id cannot start with."""
     t = text.strip().lower()
     if not _ID_PREFIX.fullmatch(t):
-        raise ValidationError("validation error: an execution id (or its first characters) is hex digits and hyphens")
+        raise invalid("an execution id (or its first characters) is hex digits and hyphens")
     return t
 
 
@@ -51,7 +51,7 @@ def execution_page(
     """Newest first, keyset-paged on the (time-ordered) id both ways: `cursor` → the older page
     after it, `newer_than` → the newer page before it. `id_starts`: ids starting with it."""
     if limit < 1:
-        raise ValidationError("validation error: limit must be >= 1")
+        raise invalid("limit must be >= 1")
     if agent_id is not None:
         check_text(agent_id, "agent id")
     prefix = id_prefix(id_starts) if id_starts else None
@@ -185,11 +185,3 @@ def last_event_seq(k: Kernel, execution_id: str) -> tuple[int, str]:
         e = load_owned(tx, execution_id, None)
         seq = tx.last_event_seq(execution_id)
     return seq, e.status.value
-
-
-def args_preview(value: Any, limit: int = 120) -> str:
-    """A one-line preview of a JSON value for a collapsed row."""
-    import json
-
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-    return text if len(text) <= limit else text[: limit - 1] + "…"

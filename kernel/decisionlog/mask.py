@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernel.errors import ConfigError
-from kernel.identity import whole_number
+from kernel.ids import whole_number
 
 __all__ = ["MaskRule", "apply_masks", "parse_mask_rules"]
 

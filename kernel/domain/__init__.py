@@ -16,6 +16,8 @@ from kernel.domain.dispatch import Dispatch, DispatchStatus
 from kernel.domain.event import Event, EventType
 from kernel.domain.execution import Execution, ExecutionStatus
 from kernel.domain.judge import JudgeAnswer, JudgeSpec
+from kernel.domain.limit import LimitOutcome
+from kernel.domain.policy_event import PolicyEventType
 from kernel.domain.step import Idempotency, Step, StepKind, StepStatus
 
 __all__ = [
@@ -37,6 +39,8 @@ __all__ = [
     "Idempotency",
     "JudgeAnswer",
     "JudgeSpec",
+    "LimitOutcome",
+    "PolicyEventType",
     "PolicyInput",
     "RateLimitSpec",
     "Step",

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kernel.gateway.kernel_client import KernelClient, Lease
-from kernel.identity import whole_number
+from kernel.ids import whole_number
 
 log = logging.getLogger("regent.gateway")
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from kernel.domain import JudgeAnswer, JudgeSpec, PolicyInput
-from kernel.identity import whole_number
+from kernel.ids import whole_number
 from kernel.judge.provider import JudgeProvider
 from kernel.judge.template import TemplateError
 

@@ -26,9 +26,9 @@ from typing import Any
 import yaml
 
 from kernel import yamldoc
+from kernel.duration import DurationError, parse_duration
 from kernel.errors import ConfigError
 from kernel.judge.template import Template, TemplateError
-from kernel.policy.duration import DurationError, parse_duration
 
 __all__ = ["TYPESAFE_KEY_VARIABLES", "TYPESAFE_URL", "JudgeProvider", "load_provider", "parse_provider",
            "typesafe_provider"]

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from kernel.identity import whole_number
+from kernel.ids import whole_number
 from kernel.manifest import Manifest
 from kernel.mcp.catalog import Metrics
 from kernel.mcp.gateway import AgentGateway

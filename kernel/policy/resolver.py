@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kernel.domain import Decision, PolicyInput, Verdict
 from kernel.domain.decision import PolicyKind
-from kernel.errors import ValidationError
+from kernel.errors import ValidationError, invalid
 
-if TYPE_CHECKING:  # the store is handed in; importing it here would load SQLAlchemy for every CLI run
-    from kernel.store import SqlStore, Tx
+if TYPE_CHECKING:
+    from kernel.policy.source import BundleReads, BundleSource
 
 log = logging.getLogger("kernel.policy")
 
@@ -106,7 +106,7 @@ def parse_rego_content(content: str) -> Any:
 class BundleResolver:
     """Reads the agent's active revision (one indexed lookup) and evaluates its compiled bundle."""
 
-    def __init__(self, store: SqlStore, compilers: dict[str, Compiler] | None = None,
+    def __init__(self, store: BundleSource, compilers: dict[str, Compiler] | None = None,
                  rego: LazyRegoEngine | None = None):
         self.store = store
         self.rego = rego or LazyRegoEngine()
@@ -129,12 +129,12 @@ class BundleResolver:
 
             bundle = compile_rego_bundle(parse_rego_content(content), engine=self.rego.get())
             return str(bundle.revision)
-        raise ValidationError(f"validation error: unsupported bundle kind {kind!r} (yaml or rego)")
+        raise invalid(f"unsupported bundle kind {kind!r} (yaml or rego)")
 
     def close(self) -> None:
         self.rego.close()
 
-    def decide(self, inp: PolicyInput, tx: Tx | None = None, bundle_id: int | None = None) -> Decision:
+    def decide(self, inp: PolicyInput, tx: BundleReads | None = None, bundle_id: int | None = None) -> Decision:
         """`tx`: the submit's own transaction, so the revision is read from the same snapshot as
         the execution (one indexed lookup, no content); without it, a read of its own.
         `bundle_id`: a fork's own bundle, which decides in place of the agent's active one."""
@@ -156,22 +156,10 @@ class BundleResolver:
             if not agent_known:
                 return Decision.bundle_error("agent_lookup_failed")
             return Decision.permissive()
-        kind = PolicyKind(row.kind) if row.kind in PolicyKind._value2member_map_ else PolicyKind.NONE
-        digest = row.content_hash or ""
-        bundle = self._compiled(row, tx)
-        if isinstance(bundle, Exception):
-            return dataclasses.replace(Decision.bundle_error("policy_bundle_invalid", kind, row.revision),
-                                       policy_hash=digest)
-        try:
-            decision = bundle.evaluate(inp)
-        except Exception:
-            log.exception("policy evaluation failed (agent %s, revision %s)", inp.agent_id, row.revision)
-            return Decision(Verdict.DENY, "eval-error", "policy evaluation failed",
-                            policy_kind=kind, policy_revision=row.revision, policy_hash=digest)
-        # The engines know the manifest revision; the content hash is the stored revision's.
-        return dataclasses.replace(decision, policy_hash=digest) if digest else decision
+        return self._evaluate(inp, row, self._compiled(row, tx), row.content_hash or "",
+                              "agent %s, revision %s", (inp.agent_id, row.revision))
 
-    def _decide_fork(self, inp: PolicyInput, tx: Tx | None, bundle_id: int) -> Decision:
+    def _decide_fork(self, inp: PolicyInput, tx: BundleReads | None, bundle_id: int) -> Decision:
         try:
             if tx is not None:
                 row = tx.fork_bundle_ref(bundle_id)
@@ -183,21 +171,29 @@ class BundleResolver:
             return Decision.bundle_error("fork_bundle_lookup_failed")
         if row is None:
             return Decision.bundle_error("fork_bundle_missing")
-        kind = PolicyKind(row.kind) if row.kind in PolicyKind._value2member_map_ else PolicyKind.NONE
         bundle = self._compiled(row, tx, fork=True)
-        digest = self._fork_digest(bundle_id, tx)
+        return self._evaluate(inp, row, bundle, self._fork_digest(bundle_id, tx), "fork bundle %s", (bundle_id,))
+
+    @staticmethod
+    def _evaluate(inp: PolicyInput, row: Any, bundle: CompiledBundle | Exception, digest: str,
+                  where: str, where_args: tuple[Any, ...]) -> Decision:
+        """The decision of a stored bundle (`row`, an agent's active revision or a fork's bundle),
+        `digest` its content hash; a bundle that did not compile or an evaluation that raised is a
+        deny (logged with `where`)."""
+        kind = PolicyKind(row.kind) if row.kind in PolicyKind._value2member_map_ else PolicyKind.NONE
         if isinstance(bundle, Exception):
             return dataclasses.replace(Decision.bundle_error("policy_bundle_invalid", kind, row.revision),
                                        policy_hash=digest)
         try:
             decision = bundle.evaluate(inp)
         except Exception:
-            log.exception("policy evaluation failed (fork bundle %s)", bundle_id)
+            log.exception("policy evaluation failed (" + where + ")", *where_args)
             return Decision(Verdict.DENY, "eval-error", "policy evaluation failed",
                             policy_kind=kind, policy_revision=row.revision, policy_hash=digest)
+        # The engines know the manifest revision; the content hash is the stored revision's.
         return dataclasses.replace(decision, policy_hash=digest) if digest else decision
 
-    def _fork_digest(self, bundle_id: int, tx: Tx | None) -> str:
+    def _fork_digest(self, bundle_id: int, tx: BundleReads | None) -> str:
         """A fork bundle's `policy_hash` (SHA-256 of its stored text, as a revision's), read once:
         fork bundles never change."""
         with self._lock:
@@ -215,7 +211,7 @@ class BundleResolver:
                 self._fork_digests[bundle_id] = hit
         return hit
 
-    def _content(self, revision_id: int, tx: Tx | None, fork: bool = False) -> str | None:
+    def _content(self, revision_id: int, tx: BundleReads | None, fork: bool = False) -> str | None:
         if fork:
             if tx is not None:
                 return tx.fork_bundle_content(revision_id)
@@ -226,7 +222,7 @@ class BundleResolver:
         with self.store.read() as own:
             return own.policy_content(revision_id)
 
-    def _compiled(self, row: Any, tx: Tx | None, fork: bool = False) -> CompiledBundle | Exception:
+    def _compiled(self, row: Any, tx: BundleReads | None, fork: bool = False) -> CompiledBundle | Exception:
         # Fork bundles are cached apart from the agents' revisions (whose ids they share).
         owner = f"fork:{row.agent_id}" if fork else row.agent_id
         key = (owner, int(row.id))

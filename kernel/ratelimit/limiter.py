@@ -17,8 +17,7 @@ from limits.aio.strategies import MovingWindowRateLimiter
 from limits.errors import ConfigurationError
 from limits.storage import storage_from_string
 
-from kernel.core.ports import LimitOutcome
-from kernel.domain import RateLimitSpec
+from kernel.domain import LimitOutcome, RateLimitSpec
 from kernel.errors import ConfigError
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Engine, bindparam, or_, select
 from sqlalchemy.engine import Connection
@@ -22,6 +22,19 @@ from kernel.store import codec
 from kernel.store import tables as t
 from kernel.store.prepared import PreparedCache, driver
 from kernel.store.sql import Tx
+
+
+class CommitGroups(Protocol):
+    """The group-commit hook a lane thread drives (kernel/lane.py): a store that can hold a
+    thread's write transaction open across use cases and commit them together implements it
+    (SQLite, `SqliteStore.commit_groups`)."""
+
+    def attach(self) -> None: ...
+    def start(self, token: Any) -> None: ...
+    def is_open(self) -> bool: ...
+    def pending(self, token: Any) -> bool: ...
+    def failure(self, token: Any) -> BaseException | None: ...
+    def flush(self) -> None: ...
 
 
 class SqlStore:
@@ -218,6 +231,11 @@ class SqlStore:
         """A read-only transaction (a consistent snapshot)."""
         with self._begin(write=False) as conn:
             yield Tx(self, conn)
+
+    def commit_groups(self) -> CommitGroups | None:
+        """The handle a lane thread groups its commits through; None: this store commits each
+        transaction on its own."""
+        return None
 
     def after_commit(self, fn: Callable[[], None]) -> None:
         """Run `fn` once what this thread's last transaction wrote has committed: now, unless

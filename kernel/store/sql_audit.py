@@ -27,7 +27,7 @@ from kernel.domain import DecisionOutcome, DecisionRecord
 from kernel.store import codec
 from kernel.store import tables as t
 from kernel.store.dialect import TxPart
-from kernel.store.statements import DECISION_COLUMNS, INSERT_DECISION
+from kernel.store.statements import DECISION_COLUMNS
 
 # The filters `list_decisions` takes, each an equality on its indexed column.
 DECISION_FILTERS = ("agent_id", "decision", "rule_id", "target", "policy_hash", "execution_id")
@@ -103,9 +103,6 @@ def _where(
 
 class AuditQueries(TxPart):
     # -- decisions ------------------------------------------------------------------------
-    def insert_decision(self, r: DecisionRecord) -> None:
-        INSERT_DECISION.run(self.w, decision_params(r))
-
     def list_decisions(
         self,
         filters: dict[str, str],

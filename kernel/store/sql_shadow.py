@@ -11,12 +11,13 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
 
+from kernel.domain import PolicyEventType
 from kernel.store import tables as t
 from kernel.store.dialect import TxPart
 
 SHADOWING = "shadowing"
 # The audit event types that change which revision is active (rollback reads them back).
-ACTIVATIONS = ("policy.activated", "policy.cleared", "policy.promoted", "policy.rolled_back")
+ACTIVATIONS = tuple(e.value for e in PolicyEventType if e.changes_active)
 
 TallyKey = tuple[str, str, str]  # (outcome, active decision, shadow decision)
 

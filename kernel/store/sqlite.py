@@ -19,7 +19,7 @@ from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import DBAPIError
 
 from kernel.errors import ConfigError, StoreUnavailable
-from kernel.store.base import SqlStore, end_transaction
+from kernel.store.base import CommitGroups, SqlStore, end_transaction
 from kernel.store.prepared import driver
 from kernel.store.sql import Tx
 
@@ -160,9 +160,9 @@ class SqliteStore(SqlStore):
             yield conn
 
     # -- group commit -----------------------------------------------------------------------
-    def commit_groups(self) -> CommitGroups:
-        """The handle a lane thread groups its commits through (kernel/api/threads.py)."""
-        return CommitGroups(self)
+    def commit_groups(self) -> SqliteCommitGroups:
+        """The handle a lane thread groups its commits through (kernel/lane.py)."""
+        return SqliteCommitGroups(self)
 
     def _group(self) -> _Group | None:
         return getattr(self._grouping, "group", None)
@@ -384,7 +384,7 @@ class _Group:
             stack.__exit__(type(exc), exc, exc.__traceback__)
 
 
-class CommitGroups:
+class SqliteCommitGroups(CommitGroups):
     """Group commit for the threads that run use cases back to back (the lane).
 
     A thread that has called `attach` keeps its write transaction open after a use case ends:

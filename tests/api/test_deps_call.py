@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kernel.api import threads
-from kernel.api.threads import Lane, call
+from kernel import lane as threads
 from kernel.bootstrap import build_runtime, default_core_threads
 from kernel.config import Settings
+from kernel.lane import Lane, call
 from tests.support import until
 
 REQUEST = contextvars.ContextVar("request", default="none")
@@ -214,7 +214,7 @@ def test_a_call_that_goes_first_runs_before_those_queued_and_never_spills() -> N
         await until(entered.is_set, "the lane thread to be on `blocker`")
         queued = [asyncio.create_task(lane.call(note, f"queued-{i}")) for i in range(3)]
         await until(lambda: lane.spilled == 3, "the queued calls to spill (the lane looks stuck)")
-        urgent = asyncio.create_task(lane.call(note, "urgent", first=True))
+        urgent = asyncio.create_task(lane.call_first(note, "urgent"))
         await asyncio.sleep(0)  # queued ahead now
         # A sentinel queued after it spills once its own stuck_after has passed, later than the
         # urgent call would have: when it has, the urgent one is still waiting for the lane.
@@ -250,7 +250,7 @@ def test_a_call_that_goes_first_overtakes_the_queue() -> None:
         await until(entered.is_set, "the lane thread to be on the blocker")
         queued = [asyncio.create_task(lane.call(order.append, f"q{i}")) for i in range(3)]
         await asyncio.sleep(0)  # one loop turn: their first steps queue them, in order
-        urgent = asyncio.create_task(lane.call(order.append, "urgent", first=True))
+        urgent = asyncio.create_task(lane.call_first(order.append, "urgent"))
         await asyncio.sleep(0)
         release.set()
         await asyncio.gather(blocker, urgent, *queued)

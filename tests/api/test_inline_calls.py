@@ -1,4 +1,4 @@
-"""Step calls on the event loop when the kernel is idle (kernel/api/threads.py `call_hot`), over
+"""Step calls on the event loop when the kernel is idle (kernel/lane.py `call_hot`), over
 real HTTP against a real SQLite file, with the server wired as `regent serve` wires it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kernel.api import threads
+from kernel import lane as threads
 from kernel.api.app import create_app
 from kernel.cli.server import install_inline
 from kernel.core.kernel import Kernel

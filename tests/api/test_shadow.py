@@ -13,9 +13,9 @@ import pytest
 from kernel.core.kernel import Kernel
 from kernel.domain import RateLimitSpec
 from kernel.policy.resolver import BundleResolver, LazyRegoEngine
-from kernel.policy.shadow import ShadowBundles
+from kernel.policy.shadow_eval import ShadowBundles
 from kernel.ratelimit import LimitsLimiter
-from kernel.shadow import ShadowRunner
+from kernel.shadow_runner import ShadowRunner
 from tests.conftest import Running
 from tests.support import AgentClient, ServerThread
 

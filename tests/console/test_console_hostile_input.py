@@ -16,7 +16,7 @@ import pytest
 
 from kernel import console
 from kernel.api.app import create_app
-from kernel.core import decisions
+from kernel.core import audit
 from kernel.core.kernel import Kernel
 from tests.conftest import Running
 from tests.support import AgentClient, ServerThread
@@ -78,7 +78,7 @@ def test_an_export_still_streams_every_matching_row(server: ServerThread, runnin
                                                    agent_client: AgentClient) -> None:
     # The first page is now read before the response starts and the rest while it streams: more
     # rows than one page (MAX_PAGE) come out whole, in the order of /v0/decisions.
-    n = decisions.MAX_PAGE + 5
+    n = audit.MAX_PAGE + 5
     eid, did, att = running.start()
     agent_client.lease(did, att)
     for i in range(n):

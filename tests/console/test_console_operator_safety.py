@@ -41,7 +41,7 @@ from kernel.domain import (
     ExecutionStatus,
     Verdict,
 )
-from kernel.identity import new_uuid7
+from kernel.ids import new_uuid7
 from kernel.store import tables as t
 from tests.conftest import Running
 from tests.console.conftest import shot

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kernel.clock import ManualClock
-from kernel.core import decisions, steps, timeline
-from kernel.core.decisions import DecisionQuery
+from kernel.core import audit, steps, timeline
+from kernel.core.audit import DecisionQuery
 from kernel.core.executions import cancel_execution
 from kernel.core.kernel import Kernel
 from kernel.domain import Decision, Verdict
@@ -65,26 +65,26 @@ def test_decision_counts_fall_in_their_time_buckets_by_outcome(kernel: Kernel, r
     steps.submit_step(kernel, "shell", eid, did, att, req(target="c"))
     clock.advance(3 * 3600)
     window = since + timedelta(hours=6)  # 15-minute buckets: counted from the records
-    counts = decisions.count_decisions(kernel, DecisionQuery(), since, window)
+    counts = audit.count_decisions(kernel, DecisionQuery(), since, window)
     assert counts.width == timedelta(minutes=15) and counts.rolled_up_hours == 0
     assert counts.buckets[0] == {"allowed": 1} and counts.buckets[4] == {"allowed": 1, "denied": 1}
     assert sum(sum(b.values()) for b in counts.buckets) == 3
-    only = decisions.count_decisions(kernel, DecisionQuery(decision="denied"), since, window)
+    only = audit.count_decisions(kernel, DecisionQuery(decision="denied"), since, window)
     assert only.buckets[4] == {"denied": 1} and sum(sum(b.values()) for b in only.buckets) == 1
-    day = decisions.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24))
+    day = audit.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24))
     assert day.width == timedelta(hours=1) and day.buckets[:3] == [{"allowed": 1}, {"allowed": 1, "denied": 1}, {}]
-    assert decisions.count_decisions(kernel, DecisionQuery(target="a"), since, since + timedelta(hours=24)).buckets[0] == {"allowed": 1}
+    assert audit.count_decisions(kernel, DecisionQuery(target="a"), since, since + timedelta(hours=24)).buckets[0] == {"allowed": 1}
 
 
 def test_bucket_edges_are_whole_widths_inside_the_range_with_partial_ends() -> None:
     t0 = datetime(2026, 12, 1, 12, 20, tzinfo=UTC)
-    edges, width = decisions.bucket_edges(t0, t0 + timedelta(hours=24))
+    edges, width = audit.bucket_edges(t0, t0 + timedelta(hours=24))
     assert width == timedelta(hours=1) and len(edges) == 26  # 12:20-13:00, 23 whole hours, 12:00-12:20
     assert edges[1] == datetime(2026, 12, 1, 13, tzinfo=UTC) and edges[-1] == t0 + timedelta(hours=24)
-    assert decisions.bucket_edges(t0, t0 + timedelta(hours=3))[1] == timedelta(minutes=5)
-    assert decisions.bucket_edges(t0, t0 + timedelta(days=30))[1] == timedelta(days=1)
-    assert decisions.bucket_edges(t0, t0 + timedelta(days=365))[1] == timedelta(days=30)
-    since, until = decisions.default_range(t0)
+    assert audit.bucket_edges(t0, t0 + timedelta(hours=3))[1] == timedelta(minutes=5)
+    assert audit.bucket_edges(t0, t0 + timedelta(days=30))[1] == timedelta(days=1)
+    assert audit.bucket_edges(t0, t0 + timedelta(days=365))[1] == timedelta(days=30)
+    since, until = audit.default_range(t0)
     assert (since, until) == (datetime(2026, 11, 30, 13, tzinfo=UTC), datetime(2026, 12, 1, 13, tzinfo=UTC))
 
 
@@ -104,10 +104,10 @@ def test_closed_hours_are_summed_from_the_rollup_not_scanned_again(
     _decide(kernel, running, 2, Verdict.DENY, target="x")
     clock.advance(3600 + 60)  # 14:01: 12:00 and 13:00 are closed, but 13:00 ended less than 5 minutes ago
     until = since + timedelta(hours=24)
-    first = decisions.count_decisions(kernel, DecisionQuery(), since, until)
+    first = audit.count_decisions(kernel, DecisionQuery(), since, until)
     assert first.rolled_up_hours == 1 and first.buckets[:2] == [{"allowed": 3}, {"denied": 2}]
     clock.advance(600)
-    second = decisions.count_decisions(kernel, DecisionQuery(), since, until)
+    second = audit.count_decisions(kernel, DecisionQuery(), since, until)
     assert second.rolled_up_hours == 2 and second.buckets == first.buckets
     # The records of the rolled-up hours are gone (as if deleted behind the kernel's back): the
     # chart still counts them, so it read the rollup, not the records.
@@ -119,11 +119,11 @@ def test_closed_hours_are_summed_from_the_rollup_not_scanned_again(
             "policy_revision": "r", "policy_hash": "0" * 64, "decided_by": None, "credential": None,
             "event_seq": None, "decided_at": since - timedelta(days=1)}])
         c.execute(t.decision_journal.delete())  # the records not yet moved out of the journal
-    assert decisions.count_decisions(kernel, DecisionQuery(), since, until).buckets[:2] == [{"allowed": 3}, {"denied": 2}]
-    assert decisions.count_decisions(kernel, DecisionQuery(decision="denied"), since, until).buckets[:2] == [{}, {"denied": 2}]
-    assert decisions.count_decisions(kernel, DecisionQuery(rule_id="rule-allow"), since, until).buckets[0] == {"allowed": 3}
+    assert audit.count_decisions(kernel, DecisionQuery(), since, until).buckets[:2] == [{"allowed": 3}, {"denied": 2}]
+    assert audit.count_decisions(kernel, DecisionQuery(decision="denied"), since, until).buckets[:2] == [{}, {"denied": 2}]
+    assert audit.count_decisions(kernel, DecisionQuery(rule_id="rule-allow"), since, until).buckets[0] == {"allowed": 3}
     # A filter the rollup does not keep (target) is counted from the records.
-    by_target = decisions.count_decisions(kernel, DecisionQuery(target="x"), since, until)
+    by_target = audit.count_decisions(kernel, DecisionQuery(target="x"), since, until)
     assert by_target.rolled_up_hours == 0 and by_target.buckets[1] == {}
 
 
@@ -133,12 +133,12 @@ def test_the_open_hour_and_partial_ends_are_counted_from_the_records(
     since = clock.now()
     _decide(kernel, running, 2)
     clock.advance(2 * 3600 + 10 * 60)  # 14:10
-    assert decisions.roll_up_recent(kernel) >= 2  # what the cleanup sweep does
+    assert audit.roll_up_recent(kernel) >= 2  # what the cleanup sweep does
     _decide(kernel, running, 1, Verdict.DENY)  # in the open hour
-    counts = decisions.count_decisions(kernel, DecisionQuery(), since + timedelta(minutes=30),
+    counts = audit.count_decisions(kernel, DecisionQuery(), since + timedelta(minutes=30),
                                        since + timedelta(hours=25))
     assert counts.buckets[0] == {} and counts.rolled_up_hours == 1  # 12:30-13:00 counted live: nothing after 12:00
-    whole = decisions.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24))
+    whole = audit.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24))
     assert whole.buckets[0] == {"allowed": 2} and whole.buckets[2] == {"denied": 1}
 
 
@@ -150,10 +150,10 @@ def test_retention_forgets_the_rolled_up_hours_it_deletes_records_of(
     clock.advance(2 * 3600)
     _decide(kernel, running, 1)
     clock.advance(2 * 3600)
-    assert decisions.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24)).rolled_up_hours == 3
+    assert audit.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24)).rolled_up_hours == 3
     kernel.decision_retention = 3 * 3600.0  # cutoff 13:00: the 12:00 decisions go
-    assert decisions.delete_expired_decisions(kernel) == 2
-    after = decisions.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24))
+    assert audit.delete_expired_decisions(kernel) == 2
+    after = audit.count_decisions(kernel, DecisionQuery(), since, since + timedelta(hours=24))
     assert after.buckets[0] == {} and after.buckets[2] == {"allowed": 1}
 
 
@@ -179,12 +179,12 @@ def test_a_range_reaching_back_before_the_oldest_record_marks_no_hours_before_it
     since = clock.now()
     _decide(kernel, running, 2)
     clock.advance(2 * 3600 + 600)  # 14:10: 12:00 and 13:00 are closed
-    counts = decisions.count_decisions(kernel, DecisionQuery(), datetime(1, 1, 2, tzinfo=UTC), clock.now())
+    counts = audit.count_decisions(kernel, DecisionQuery(), datetime(1, 1, 2, tzinfo=UTC), clock.now())
     assert counts.rolled_up_hours == 2 and sum(sum(b.values()) for b in counts.buckets) == 2
     assert counts.edges[0] == datetime(1970, 1, 1, tzinfo=UTC)  # no record is older
     with kernel.store.read() as tx:
         assert tx.rollup_hours(datetime(1970, 1, 1, tzinfo=UTC), clock.now()) == {since, since + timedelta(hours=1)}
-    far = decisions.count_decisions(kernel, DecisionQuery(), since, datetime(9999, 12, 31, tzinfo=UTC))
+    far = audit.count_decisions(kernel, DecisionQuery(), since, datetime(9999, 12, 31, tzinfo=UTC))
     assert sum(sum(b.values()) for b in far.buckets) == 2
 
 

@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select
 
-from kernel.core import approvals, decisions, steps, sweeps
+from kernel.core import approvals, audit, steps, sweeps
 from kernel.core.approvals import Principal
-from kernel.core.decisions import DecisionQuery
+from kernel.core.audit import DecisionQuery
 from kernel.core.executions import cancel_execution
 from kernel.core.kernel import Kernel
 from kernel.domain import ApprovalConfig, Credential, Decision, DecisionOutcome, Verdict
@@ -21,8 +21,8 @@ from tests.conftest import Running
 from tests.core.test_steps import FixedPolicy, req
 
 
-def _all(k: Kernel, **filters: object) -> list[decisions.DecisionRecord]:
-    return decisions.list_decisions(k, DecisionQuery(limit=500, **filters)).decisions  # type: ignore[arg-type]
+def _all(k: Kernel, **filters: object) -> list[audit.DecisionRecord]:
+    return audit.list_decisions(k, DecisionQuery(limit=500, **filters)).decisions  # type: ignore[arg-type]
 
 
 def test_an_allowed_step_writes_one_decision_row_naming_its_event(kernel: Kernel, running: Running) -> None:
@@ -100,7 +100,7 @@ def test_keyset_paging_walks_every_row_once_newest_first(kernel: Kernel, running
     seen: list[str] = []
     cursor = None
     for _ in range(10):
-        page = decisions.list_decisions(kernel, DecisionQuery(cursor=cursor, limit=3))
+        page = audit.list_decisions(kernel, DecisionQuery(cursor=cursor, limit=3))
         seen += [r.target for r in page.decisions]
         cursor = page.next_cursor
         if cursor is None:
@@ -110,11 +110,11 @@ def test_keyset_paging_walks_every_row_once_newest_first(kernel: Kernel, running
 
 def test_a_malformed_cursor_or_decision_is_a_validation_error(kernel: Kernel) -> None:
     with pytest.raises(ValidationError):
-        decisions.list_decisions(kernel, DecisionQuery(cursor="not-a-cursor"))
+        audit.list_decisions(kernel, DecisionQuery(cursor="not-a-cursor"))
     with pytest.raises(ValidationError):
-        decisions.list_decisions(kernel, DecisionQuery(decision="maybe"))
+        audit.list_decisions(kernel, DecisionQuery(decision="maybe"))
     with pytest.raises(ValidationError):
-        decisions.list_decisions(kernel, DecisionQuery(limit=0))
+        audit.list_decisions(kernel, DecisionQuery(limit=0))
 
 
 def test_decisions_outlive_the_executions_retention(kernel: Kernel, running: Running) -> None:
@@ -136,7 +136,7 @@ def test_decision_retention_deletes_only_records_past_it(kernel: Kernel, running
     kernel.clock.advance(kernel.decision_retention - 5)  # type: ignore[attr-defined]
     steps.submit_step(kernel, "shell", eid, did, att, req(target="new"))
     kernel.clock.advance(10)  # type: ignore[attr-defined]
-    assert decisions.delete_expired_decisions(kernel) == 1
+    assert audit.delete_expired_decisions(kernel) == 1
     assert [r.target for r in _all(kernel)] == ["new"]
 
 
@@ -164,10 +164,10 @@ def test_a_record_is_read_from_the_journal_before_its_flush_and_from_the_table_a
     assert _journal_and_table(kernel) == (3, 0)
     before = [(r.id, r.target, r.event_seq) for r in _all(kernel)]
     assert [target for _, target, _ in before] == ["c", "b", "a"]
-    assert decisions.flush_decision_journal(kernel) == 3
+    assert audit.flush_decision_journal(kernel) == 3
     assert _journal_and_table(kernel) == (0, 3)
     assert [(r.id, r.target, r.event_seq) for r in _all(kernel)] == before
-    assert decisions.flush_decision_journal(kernel) == 0
+    assert audit.flush_decision_journal(kernel) == 0
 
 
 def test_pages_and_counts_span_the_journal_and_the_table(kernel: Kernel, running: Running) -> None:
@@ -175,31 +175,31 @@ def test_pages_and_counts_span_the_journal_and_the_table(kernel: Kernel, running
     for i in range(5):
         steps.submit_step(kernel, "shell", eid, did, att, req(target=f"old-{i}"))
         kernel.clock.advance(1)  # type: ignore[attr-defined]
-    decisions.flush_decision_journal(kernel)
+    audit.flush_decision_journal(kernel)
     for i in range(4):
         steps.submit_step(kernel, "shell", eid, did, att, req(target=f"new-{i}"))
         kernel.clock.advance(1)  # type: ignore[attr-defined]
     assert _journal_and_table(kernel) == (4, 5)
     seen: list[str] = []
-    page = decisions.list_decisions(kernel, DecisionQuery(agent_id="shell", limit=3))
+    page = audit.list_decisions(kernel, DecisionQuery(agent_id="shell", limit=3))
     seen += [r.target for r in page.decisions]
     while page.next_cursor is not None:
-        page = decisions.list_decisions(kernel, DecisionQuery(agent_id="shell", limit=3, cursor=page.next_cursor))
+        page = audit.list_decisions(kernel, DecisionQuery(agent_id="shell", limit=3, cursor=page.next_cursor))
         seen += [r.target for r in page.decisions]
     assert seen == [f"new-{i}" for i in reversed(range(4))] + [f"old-{i}" for i in reversed(range(5))]
     now = kernel.clock.now()
-    counts = decisions.count_decisions(kernel, DecisionQuery(), now - timedelta(seconds=60), now)
+    counts = audit.count_decisions(kernel, DecisionQuery(), now - timedelta(seconds=60), now)
     assert sum(b.get("allowed", 0) for b in counts.buckets) == 9 and all(set(b) <= {"allowed"} for b in counts.buckets)
 
 
 def test_retention_deletes_old_records_from_the_journal_too(kernel: Kernel, running: Running) -> None:
     eid, did, att = running.start()
     steps.submit_step(kernel, "shell", eid, did, att, req(target="flushed"))
-    decisions.flush_decision_journal(kernel)
+    audit.flush_decision_journal(kernel)
     steps.submit_step(kernel, "shell", eid, did, att, req(target="journal"))
     kernel.clock.advance(kernel.decision_retention + 10)  # type: ignore[attr-defined]
     steps.submit_step(kernel, "shell", eid, did, att, req(target="kept"))
-    assert decisions.delete_expired_decisions(kernel) == 2
+    assert audit.delete_expired_decisions(kernel) == 2
     assert [r.target for r in _all(kernel)] == ["kept"]
 
 
@@ -207,7 +207,7 @@ def test_the_journal_flush_moves_in_bounded_batches(kernel: Kernel, running: Run
     eid, did, att = running.start()
     for i in range(7):
         steps.submit_step(kernel, "shell", eid, did, att, req(target=f"t{i}"))
-    assert decisions.flush_decision_journal(kernel, batch=3) == 7
+    assert audit.flush_decision_journal(kernel, batch=3) == 7
     assert _journal_and_table(kernel) == (0, 7)
     assert sorted(r.target for r in _all(kernel)) == [f"t{i}" for i in range(7)]
 
@@ -228,7 +228,7 @@ def test_flushing_while_steps_append_loses_and_doubles_nothing(kernel: Kernel, r
 
     def flush() -> None:
         while not done.is_set():
-            decisions.flush_decision_journal(kernel, batch=7)
+            audit.flush_decision_journal(kernel, batch=7)
 
     flusher = threading.Thread(target=flush)
     flusher.start()
@@ -240,7 +240,7 @@ def test_flushing_while_steps_append_loses_and_doubles_nothing(kernel: Kernel, r
     done.set()
     flusher.join()
     assert not errors
-    decisions.flush_decision_journal(kernel)
+    audit.flush_decision_journal(kernel)
     ids = [r.id for r in _all(kernel)]
     assert _journal_and_table(kernel) == (0, 120)
     assert len(set(ids)) == len(ids) == 120
@@ -258,9 +258,9 @@ def test_the_judged_filter_finds_the_records_of_judge_rules_with_their_judge_rec
     for flushed in (False, True):  # from the journal, then from the table
         [r] = _all(kernel, judged=True)
         assert (r.target, r.rule_id, r.judge) == ("send_email", "ask-model", judge)
-        assert decisions.decision_json(r)["judge"] == judge
+        assert audit.decision_json(r)["judge"] == judge
         assert [x.target for x in _all(kernel, judged=False)] == ["ls"]
-        assert "judge" not in decisions.decision_json(_all(kernel, judged=False)[0])
+        assert "judge" not in audit.decision_json(_all(kernel, judged=False)[0])
         assert len(_all(kernel)) == 2
         if not flushed:
-            decisions.flush_decision_journal(kernel)
+            audit.flush_decision_journal(kernel)

@@ -490,8 +490,8 @@ def test_claims_go_out_in_chunks_and_every_claimed_row_is_delivered_and_acked(
 
 def test_the_dispatcher_thread_delivers_on_a_loop_of_its_own_and_stops(
         kernel: Kernel, receiver: tuple[Receiver, str]) -> None:
-    from kernel.api.threads import Lane
     from kernel.dispatcher import DispatcherThread
+    from kernel.lane import Lane
 
     r, url = receiver
     agent(kernel, url)
@@ -499,7 +499,7 @@ def test_the_dispatcher_thread_delivers_on_a_loop_of_its_own_and_stops(
     lane = Lane(threads=1)
 
     async def first(fn: Callable[..., Any], *args: Any) -> Any:
-        return await lane.call(fn, *args, first=True)
+        return await lane.call_first(fn, *args)
 
     async def main() -> tuple[str, str]:
         t = DispatcherThread(lambda: Dispatcher(kernel, poll_interval=0.01, run_blocking=first))

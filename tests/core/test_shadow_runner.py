@@ -14,7 +14,7 @@ from kernel.domain import Decision, PolicyInput, Verdict
 from kernel.domain.decision import ShadowRef
 from kernel.identity import args_hash, canonical_json
 from kernel.policy.resolver import BundleResolver
-from kernel.shadow import ShadowRunner
+from kernel.shadow_runner import ShadowRunner
 from tests.conftest import Running
 
 ACTIVE = "default_action: allow\n"
@@ -121,7 +121,7 @@ def test_a_rego_shadow_is_compiled_and_its_workers_started_before_its_first_step
 
     from kernel.core.policies import store_policy
     from kernel.policy.resolver import LazyRegoEngine
-    from kernel.policy.shadow import ShadowBundles
+    from kernel.policy.shadow_eval import ShadowBundles
 
     kernel.policy = BundleResolver(kernel.store)
     rego = LazyRegoEngine(size=1, acquire_timeout=0.05)
@@ -202,7 +202,7 @@ def test_shadow_workers_that_did_not_start_are_tried_again_not_cached_as_a_bundl
 
     from kernel.core.policies import store_policy
     from kernel.policy.resolver import LazyRegoEngine
-    from kernel.policy.shadow import ShadowBundles
+    from kernel.policy.shadow_eval import ShadowBundles
 
     class FlakyStart:
         """The first start fails (as a worker that missed its start timeout), the next succeeds."""

@@ -282,8 +282,8 @@ def _journal(k: Kernel) -> int:
 
 @pytest.mark.parametrize("interval", [0.05, 3600.0], ids=["on-its-interval", "on-stop"])
 def test_sweeper_moves_the_decision_journal(kernel: Kernel, running: Running, interval: float) -> None:
-    from kernel.core import decisions, steps
-    from kernel.core.decisions import DecisionQuery
+    from kernel.core import audit, steps
+    from kernel.core.audit import DecisionQuery
     from tests.core.test_steps import req
 
     eid, did, att = running.start()
@@ -303,4 +303,4 @@ def test_sweeper_moves_the_decision_journal(kernel: Kernel, running: Running, in
 
     asyncio.run(main())
     assert _journal(kernel) == 0
-    assert [r.target for r in decisions.list_decisions(kernel, DecisionQuery()).decisions] == ["t"]
+    assert [r.target for r in audit.list_decisions(kernel, DecisionQuery()).decisions] == ["t"]

@@ -12,7 +12,7 @@ import pytest
 
 from kernel.core import approvals, executions, steps
 from kernel.core.approvals import Principal
-from kernel.core.decisions import DecisionQuery, list_decisions
+from kernel.core.audit import DecisionQuery, list_decisions
 from kernel.core.dispatch import claim_due, reap_expired_leases
 from kernel.core.kernel import Kernel
 from kernel.core.policies import store_policy

@@ -13,8 +13,8 @@ from kernel.core.steps import StepRequest, submit_step
 from kernel.decisionlog import DecisionLog, FileSink, parse_mask_rules
 from kernel.identity import args_hash, canonical_json
 from kernel.policy.resolver import BundleResolver, LazyRegoEngine
-from kernel.policy.shadow import ShadowBundles
-from kernel.shadow import ShadowRunner
+from kernel.policy.shadow_eval import ShadowBundles
+from kernel.shadow_runner import ShadowRunner
 from tests.conftest import Running
 
 ACTIVE = """

@@ -1,10 +1,10 @@
-"""Go duration parsing for bundle fields (kernel.policy.duration)."""
+"""Go duration parsing for bundle fields (kernel.duration)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernel.policy.duration import DurationError, parse_duration, parse_duration_ns
+from kernel.duration import DurationError, parse_duration, parse_duration_ns
 
 VALID = [
     ("0", 0),

@@ -24,7 +24,7 @@ from kernel.domain import (
     StepStatus,
 )
 from kernel.errors import StoreUnavailable
-from kernel.identity import new_uuid7
+from kernel.ids import new_uuid7
 from kernel.store import SqlStore, open_store
 from kernel.store.base import _IDLE_MAX
 from kernel.store.migrations import migrate

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from kernel.core import decisions
-from kernel.core.decisions import DecisionQuery
+from kernel.core import audit
+from kernel.core.audit import DecisionQuery
 from kernel.core.kernel import Kernel
 from kernel.store import SqlStore, open_store
 from kernel.store import tables as t
@@ -90,7 +90,7 @@ def _statement(store: SqlStore, q: DecisionQuery) -> tuple[str, Any]:
 
     event.listen(store.engine, "before_cursor_execute", grab)
     try:
-        decisions.list_decisions(Kernel(store=store), q)
+        audit.list_decisions(Kernel(store=store), q)
     finally:
         event.remove(store.engine, "before_cursor_execute", grab)
     [(statement, params)] = captured
@@ -158,10 +158,10 @@ def test_decision_filters_answer_from_an_index_without_a_full_scan(big: SqlStore
 
 def test_a_later_page_answers_from_the_index_too(big: SqlStore) -> None:
     k = Kernel(store=big)
-    page = decisions.list_decisions(k, DecisionQuery(rule_id="rule-7", limit=100))
+    page = audit.list_decisions(k, DecisionQuery(rule_id="rule-7", limit=100))
     for _ in range(5):
         assert page.next_cursor is not None
-        page = decisions.list_decisions(k, DecisionQuery(rule_id="rule-7", limit=100, cursor=page.next_cursor))
+        page = audit.list_decisions(k, DecisionQuery(rule_id="rule-7", limit=100, cursor=page.next_cursor))
     assert len(page.decisions) == 100 and all(r.rule_id == "rule-7" for r in page.decisions)
     _assert_indexed(big, _plan(big, DecisionQuery(rule_id="rule-7", limit=100, cursor=page.next_cursor)),
                     "ix_decisions_rule")

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from kernel.api import threads
-from kernel.api.threads import Lane
+from kernel import lane as threads
 from kernel.domain import Agent, Step, StepStatus
+from kernel.lane import Lane
 from kernel.store.migrations import migrate
 from kernel.store.sqlite import SqliteStore
 

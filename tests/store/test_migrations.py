@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select, text
 
 from kernel.domain import Agent, Dispatch, DispatchStatus, Execution, ExecutionStatus
-from kernel.identity import new_uuid7
+from kernel.ids import new_uuid7
 from kernel.store import SqlStore, open_store
 from kernel.store import tables as t
 from kernel.store.migrations import LATEST, current_version, migrate

@@ -25,7 +25,7 @@ from kernel.domain import (
     StepStatus,
 )
 from kernel.errors import ConfigError
-from kernel.identity import new_uuid7
+from kernel.ids import new_uuid7
 from kernel.store import SqlStore, open_store
 from kernel.store.migrations import migrate
 

@@ -17,7 +17,7 @@ from kernel.api.render import JSONResponse
 from kernel.api.routes.client import _body, _int_param
 from kernel.clock import parse_time
 from kernel.config import seconds
-from kernel.core import api_keys, decisions
+from kernel.core import api_keys, audit
 from kernel.errors import ValidationError
 
 router = APIRouter()
@@ -33,7 +33,7 @@ def _time_param(value: str | None, name: str) -> datetime | None:
     **{name: {"type": "string", "maxLength": 4096, "pattern": NO_NUL} for name in _FILTERS},
     "decision": schema.DECISION_RECORD["properties"]["decision"], "execution_id": schema.ID,
     "judged": {"type": "string", "enum": ["true", "false"]}, "since": schema.TIME, "until": schema.TIME,
-    "cursor": schema.TEXT, "limit": {"type": "integer", "minimum": 1, "maximum": decisions.MAX_PAGE}}))
+    "cursor": schema.TEXT, "limit": {"type": "integer", "minimum": 1, "maximum": audit.MAX_PAGE}}))
 async def list_decisions(request: Request) -> Response:
     await call(auth_of(request).principal, request, "decisions:read")
     q = request.query_params
@@ -47,16 +47,16 @@ async def list_decisions(request: Request) -> Response:
     judged = q.get("judged")
     if judged not in (None, "", "true", "false"):
         raise ValidationError("validation error: judged must be true or false")
-    query = decisions.DecisionQuery(
+    query = audit.DecisionQuery(
         **filters,
         judged=None if not judged else judged == "true",
         since=_time_param(q.get("since"), "since"),
         until=_time_param(q.get("until"), "until"),
         cursor=q.get("cursor") or None,
-        limit=_int_param(q.get("limit"), 50, "limit", lo=1, hi=decisions.MAX_PAGE),
+        limit=_int_param(q.get("limit"), 50, "limit", lo=1, hi=audit.MAX_PAGE),
     )
-    page = await call(decisions.list_decisions, kernel_of(request), query)
-    out: dict[str, Any] = {"decisions": [decisions.decision_json(r) for r in page.decisions]}
+    page = await call(audit.list_decisions, kernel_of(request), query)
+    out: dict[str, Any] = {"decisions": [audit.decision_json(r) for r in page.decisions]}
     if page.next_cursor:
         out["next_cursor"] = page.next_cursor
     return JSONResponse(out)

@@ -16,7 +16,7 @@ from kernel.core import approvals, executions, forks
 from kernel.core.lifecycle import Canceller, check_rationale
 from kernel.domain import ApprovalStatus, ExecutionStatus
 from kernel.errors import ValidationError
-from kernel.identity import INT64_MAX, whole_number
+from kernel.ids import INT64_MAX, whole_number
 from kernel.text import check_text
 
 router = APIRouter()

@@ -20,7 +20,7 @@ from kernel.core.approvals import Principal
 from kernel.core.policies import Actor, PolicyRevision
 from kernel.core.policy_test import Candidate
 from kernel.errors import Forbidden, ValidationError
-from kernel.policy.replay import result_json
+from kernel.policy.backtest import result_json
 from kernel.text import check_text
 
 router = APIRouter()

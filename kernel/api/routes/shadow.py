@@ -18,7 +18,7 @@ from kernel.clock import rfc3339
 from kernel.core import shadow
 from kernel.core.shadow import Shadow
 from kernel.errors import ValidationError
-from kernel.identity import whole_number
+from kernel.ids import whole_number
 
 router = APIRouter()
 # Shadow ids are an INTEGER column: past 2^31 - 1 PostgreSQL refused the lookup (a 500 from R3's

@@ -20,7 +20,7 @@ from kernel.domain.decision import (
     Verdict,
 )
 from kernel.domain.judge import DEFAULT_THRESHOLD, JudgeSpec
-from kernel.policy.duration import DurationError, parse_duration
+from kernel.duration import DurationError, parse_duration
 
 __all__ = [
     "EVAL_ERROR",

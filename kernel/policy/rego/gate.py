@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .bundle import RegoBundle, bundle_error, load_rego_bundle, parse_rego_bundle
-from .dialect import v1_problems
 from .engine import CompileReport, RegoEngine
+from .v0_syntax import v1_problems
 
 __all__ = ["UNSUPPORTED_BUILTINS", "compile_rego_bundle", "dialect_problems", "rewrite_notes", "static_problems"]
 
@@ -142,7 +142,7 @@ def static_problems(
 
 
 def dialect_problems(bundle: RegoBundle) -> list[str]:
-    """OPA v0 heads, names OPA v1 reserves (dialect.py) and idioms no rewrite can carry over
+    """OPA v0 heads, names OPA v1 reserves (v0_syntax.py) and idioms no rewrite can carry over
     (idioms.py), each with where it is and how OPA v1 writes it."""
     out = []
     for path, source in bundle.modules.items():

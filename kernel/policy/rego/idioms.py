@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .dialect import Token, matching, tokens
 from .scan import _CONTINUES, _KEYWORDS
+from .v0_syntax import Token, matching, tokens
 
 __all__ = ["IdiomRewrite", "rewrite_idioms"]
 

@@ -34,12 +34,6 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 _PROBED_KINDS = ("complete", "multi")
 
 
-@dataclass(frozen=True, slots=True)
-class _Module:
-    path: str
-    rules: ModuleRules
-
-
 @dataclass
 class Instrumented:
     """The instrumented twin of a bundle and how to read its probes."""

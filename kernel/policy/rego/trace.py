@@ -15,7 +15,7 @@ from kernel.domain.decision import Decision, PolicyInput
 from .bundle import RegoBundle
 from .decision import _VERDICT_RANK, decision_from_output
 from .document import input_document
-from .instrument import Instrumented, LineCoverage
+from .instrument import Instrumented
 
 __all__ = ["ProbeError", "Prober", "Traced", "decision_json", "explain_rego", "locate_error", "traced_evaluate",
            "traced_evaluate_many"]
@@ -107,10 +107,6 @@ def _traced(engine: Prober, bundle: RegoBundle, document: dict[str, Any], combin
     decision = decision_from_output(value, defined=defined, kind=kind, default_action=bundle.default_action,
                                     revision=bundle.revision, entrypoint=bundle.entrypoint)
     return Traced(decision, value, defined, hits)
-
-
-def coverage_of(bundle: RegoBundle, hits: set[str]) -> LineCoverage:
-    return bundle.instrumented[1].line_coverage(hits)
 
 
 def explain_rego(engine: Prober, bundle: RegoBundle, inp: PolicyInput, *,

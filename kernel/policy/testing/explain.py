@@ -17,8 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kernel.policy.rego.dialect import tokens
 from kernel.policy.rego.rules import read_rules
+from kernel.policy.rego.v0_syntax import tokens
 
 __all__ = ["ExplainPlan", "plan_explanations"]
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kernel.policy.rego.dialect import v1_problems
 from kernel.policy.rego.idioms import rewrite_idioms
 from kernel.policy.rego.instrument import LineCoverage
 from kernel.policy.rego.pool import regopy_path
 from kernel.policy.rego.testcover import TestProbes
+from kernel.policy.rego.v0_syntax import v1_problems
 
 from .explain import plan_explanations
 

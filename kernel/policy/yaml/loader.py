@@ -15,8 +15,8 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from kernel.duration import DurationError, parse_duration
 from kernel.errors import ValidationError
-from kernel.policy.duration import DurationError, parse_duration
 from kernel.yamldoc import AMBIGUOUS_NUMBER, ambiguity, yaml12_numbers
 
 __all__ = ["BundleReader", "bundle_error", "parse_document"]

@@ -273,6 +273,3 @@ class Predicate:
         if self.negated is not None and self.negated.failure_in(args) is None:
             return "not"
         return None
-
-    def holds_in(self, args: dict[str, Any]) -> bool:
-        return self.failure_in(args) is None

@@ -20,7 +20,7 @@ from sqlalchemy import text
 
 from kernel.api.app import create_app
 from kernel.core.kernel import Kernel
-from kernel.core.replays import ReplayGuard
+from kernel.core.request_reuse import ReplayGuard
 from kernel.signing import sign_request, signature_message
 from kernel.store import SqlStore, open_store
 from tests.conftest import Running
@@ -225,7 +225,7 @@ def test_two_replicas_on_one_postgresql_share_the_record(pg_database: str) -> No
 @pytest.mark.postgres
 def test_the_shared_record_is_checked_in_the_use_cases_lane_job(pg_database: str) -> None:
     """Hot routes check the shared record on the lane in their use case's job, just before it
-    (kernel/api/threads.py `before_next_call`): a refused request's use case never runs, one
+    (kernel/lane.py `before_next_call`): a refused request's use case never runs, one
     whose use case fails stays recorded, and one refused before its use case (a malformed body)
     is not recorded as accepted."""
     with two_replicas(pg_database) as (r, http):

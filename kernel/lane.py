@@ -25,11 +25,14 @@ import functools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar
+from typing import Any, ParamSpec, TypeVar
+
+from kernel.store.base import CommitGroups
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # How long the lane may go without taking a call before the calls queued behind go to the pool.
 # A step's use case takes about 1 ms of CPU, but on a loaded machine a call or a group's fsync
@@ -88,17 +91,6 @@ def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) ->
         fut.set_result(result)
 
 
-class CommitGroups(Protocol):
-    """What the lane needs of a store that groups commits (kernel/store/sqlite.py)."""
-
-    def attach(self) -> None: ...
-    def start(self, token: Any) -> None: ...
-    def is_open(self) -> bool: ...
-    def pending(self, token: Any) -> bool: ...
-    def failure(self, token: Any) -> BaseException | None: ...
-    def flush(self) -> None: ...
-
-
 class Lane:
     """Hot threads for blocking calls, spilling to a pool when all of them are stuck.
 
@@ -116,7 +108,7 @@ class Lane:
         self.stuck_after = stuck_after
         self._name = name
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        # Calls that go before everything queued (`call(..., first=True)`): each is also put on the
+        # Calls that go before everything queued (`call_first`): each is also put on the
         # queue, to wake a waiting thread; met there again, it has run and is skipped (`execute`).
         self._front: collections.deque[_Job] = collections.deque()
         self._last_start = 0.0  # monotonic time a lane thread last took a call (or ended a commit)
@@ -127,6 +119,8 @@ class Lane:
         self.spilled = 0  # calls the overflow pool ran (for tests and the curious)
         # A grouping lane thread has a call or an open group (`_run_grouped`): read by `idle`.
         self.busy = False
+        # When a hot call may run on the event loop instead (`call_hot`); None: never.
+        self.inline: InlineGate | None = None
 
     def idle(self) -> bool:
         """No call queued or running on the lane and no commit group open (a grouping lane: SQLite)."""
@@ -239,7 +233,15 @@ class Lane:
         else:
             job.loop.call_later(self.stuck_after, self._check, job)
 
-    async def call(self, fn: Callable[..., T], *args: Any, first: bool = False, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+        """Run a (blocking) core use case off the event loop and return its result (`_submit`)."""
+        return self._submit(fn, args, kwargs, first=False)
+
+    def call_first(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+        """`call`, before every call already queued (`_submit`)."""
+        return self._submit(fn, args, kwargs, first=True)
+
+    async def _submit(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], first: bool) -> T:
         """Run a (blocking) core use case off the event loop and return its result; with `first`,
         before every call already queued, and never on the overflow pool (the dispatcher's claims
         and verdicts: under a flood of requests, work already accepted is delivered before more is
@@ -274,17 +276,20 @@ _LANE = Lane()
 _CONFIGURE = threading.Lock()
 
 
-def configure(threads: int, groups: CommitGroups | None = None) -> None:
+def configure(threads: int, groups: CommitGroups | None = None) -> Lane:
     """Set the number of lane threads (`REGENT_CORE_THREADS`) and the store whose commits they
-    group (SQLite, `REGENT_SQLITE_GROUP_COMMIT`); the serving process calls it once at start-up.
-    The old lane, if any, stops after the calls already queued on it."""
+    group (SQLite, `REGENT_SQLITE_GROUP_COMMIT`); the serving process calls it once at start-up
+    (kernel/bootstrap.py, which keeps the lane on its Runtime). The old lane, if any, stops after
+    the calls already queued on it; its inline gate carries over. Returns the lane now in use."""
     global _LANE
     if threads < 1:
         raise ValueError("the lane needs at least one thread")
     with _CONFIGURE:
         if _LANE.threads != threads or _LANE.groups is not groups:
             old, _LANE = _LANE, Lane(threads=threads, groups=groups)
+            _LANE.inline = old.inline
             old.close()
+        return _LANE
 
 
 def lane() -> Lane:
@@ -309,7 +314,7 @@ def _checked(check: Callable[[], None], fn: Callable[[], T]) -> T:
     return fn()
 
 
-async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+async def call(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a (blocking) core use case on the kernel's lane (see `Lane.call`)."""
     check = _BEFORE.get()
     if check is not None:
@@ -365,23 +370,19 @@ class InlineGate:
                 self.paused_until = ended + self.pause
 
 
-_GATE: InlineGate | None = None
-
-
 def install_inline(gate: InlineGate | None) -> None:
     """Let hot calls run on the event loop when the kernel is idle (None: never)."""
-    global _GATE
-    _GATE = gate
+    _LANE.inline = gate
 
 
 def inline_gate() -> InlineGate | None:
-    return _GATE
+    return _LANE.inline
 
 
 @contextlib.contextmanager
 def long_lived() -> Iterator[None]:
     """Around a response held open (an event stream): its request is not one a call would hold up."""
-    gate = _GATE
+    gate = _LANE.inline
     if gate is not None:
         gate.long_lived += 1
     try:
@@ -391,11 +392,12 @@ def long_lived() -> Iterator[None]:
             gate.long_lived -= 1
 
 
-async def call_hot(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+async def call_hot(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`call` for a step's submit or outcome: on the event loop itself when the kernel is idle
     (`InlineGate`), else on the lane."""
-    gate = _GATE
-    if gate is None or not _LANE.idle() or not gate.open():
+    lane = _LANE
+    gate = lane.inline
+    if gate is None or not lane.idle() or not gate.open():
         return await call(fn, *args, **kwargs)
     check = _BEFORE.get()
     work = functools.partial(fn, *args, **kwargs)
@@ -405,6 +407,6 @@ async def call_hot(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return gate.run(work)
 
 
-async def call_first(fn: Callable[..., T], *args: Any) -> T:
+async def call_first(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a (blocking) core use case on the kernel's lane before every call already queued."""
-    return await _LANE.call(fn, *args, first=True)
+    return await _LANE.call_first(fn, *args, **kwargs)

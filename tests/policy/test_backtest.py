@@ -6,7 +6,7 @@ import httpx
 
 from kernel.core.kernel import Kernel
 from kernel.core.policy_test import recorded_steps, replay_execution
-from kernel.policy.replay import RecordedStep, replay
+from kernel.policy.backtest import RecordedStep, replay
 from kernel.policy.resolver import yaml_revision
 from kernel.policy.yaml import compile_yaml_bundle
 from tests.conftest import Running

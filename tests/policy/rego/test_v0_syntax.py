@@ -12,7 +12,7 @@ import pytest
 from kernel.cli import main
 from kernel.errors import ValidationError
 from kernel.policy.rego import RegoEngine, compile_rego_bundle, parse_rego_bundle
-from kernel.policy.rego.dialect import rewrite_v0_v1, set_head_problems, v1_problems
+from kernel.policy.rego.v0_syntax import rewrite_v0_v1, set_head_problems, v1_problems
 from kernel.policy.testing.rego_tests import run_rego_test_file
 
 from .conftest import step

@@ -16,9 +16,10 @@ from typing import Any
 
 from kernel.clock import rfc3339
 from kernel.core.kernel import Kernel
+from kernel.core.retention import delete_in_batches
 from kernel.domain import Approval, Decision, DecisionOutcome, DecisionRecord, Execution
-from kernel.errors import ValidationError
-from kernel.identity import new_uuid7
+from kernel.errors import invalid
+from kernel.ids import new_uuid7
 from kernel.text import check_text
 
 MAX_PAGE = 500
@@ -94,9 +95,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         at, _, rid = raw.partition("|")
         when = datetime.fromisoformat(at)
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise ValidationError("validation error: cursor is not a decisions cursor") from None
+        raise invalid("cursor is not a decisions cursor") from None
     if when.tzinfo is None or not rid or len(rid) > 36:
-        raise ValidationError("validation error: cursor is not a decisions cursor")
+        raise invalid("cursor is not a decisions cursor")
     return when, rid
 
 
@@ -104,10 +105,10 @@ def list_decisions(k: Kernel, q: DecisionQuery) -> DecisionPage:
     """One page of decision records, newest first, answered from an index led by the filtered
     column (or by decided_at without one)."""
     if not 1 <= q.limit <= MAX_PAGE:
-        raise ValidationError(f"validation error: limit must be 1-{MAX_PAGE}")
+        raise invalid(f"limit must be 1-{MAX_PAGE}")
     if q.decision is not None and q.decision not in DecisionOutcome._value2member_map_:
         allowed = ", ".join(DecisionOutcome)
-        raise ValidationError(f"validation error: decision must be one of {allowed}")
+        raise invalid(f"decision must be one of {allowed}")
     filters = _filters(q)
     before = decode_cursor(q.cursor) if q.cursor else None
     with k.store.read() as tx:
@@ -251,10 +252,10 @@ def count_decisions(k: Kernel, q: DecisionQuery, since: datetime, until: datetim
     has gaps) and only the rest, the open hour and any partial hour at either end, is counted
     from the records' time index: the cost follows the number of hours drawn, not of decisions."""
     if until <= since:
-        raise ValidationError("validation error: the time range is empty (from must be before to)")
+        raise invalid("the time range is empty (from must be before to)")
     since, until = max(since, _EPOCH), min(until, _LAST)  # no record is older, and edges stay in range
     if until <= since:
-        raise ValidationError("validation error: the time range holds no decisions (it ends before 1970)")
+        raise invalid("the time range holds no decisions (it ends before 1970)")
     edges, width = bucket_edges(since, until)
     filters = _filters(q)
     out: list[dict[str, int]] = [{} for _ in range(len(edges) - 1)]
@@ -330,11 +331,4 @@ def delete_expired_decisions(k: Kernel, batch: int = 1000) -> int:
     cutoff = k.clock.now() - timedelta(seconds=k.decision_retention)
     with k.store.transaction(lock=_ROLLUP_LOCK) as tx:
         tx.delete_rollup_before(cutoff)  # an hour that loses records is counted from them again
-    total = 0
-    for _ in range(_MAX_BATCHES):
-        with k.store.transaction() as tx:
-            n = tx.delete_decisions_before(cutoff, batch)
-        total += n
-        if n < batch:
-            break
-    return total
+    return delete_in_batches(k, lambda tx, before, n: tx.delete_decisions_before(before, n), cutoff, batch)

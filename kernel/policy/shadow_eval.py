@@ -17,7 +17,7 @@ from kernel.policy.resolver import (
     compile_yaml,
     parse_rego_content,
 )
-from kernel.store import SqlStore
+from kernel.policy.source import BundleSource
 
 log = logging.getLogger("kernel.policy.shadow")
 
@@ -25,7 +25,7 @@ _MAX_COMPILED = 256
 
 
 class ShadowBundles:
-    def __init__(self, store: SqlStore, rego: LazyRegoEngine):
+    def __init__(self, store: BundleSource, rego: LazyRegoEngine):
         self.store = store
         self.rego = rego
         self._cache: dict[int, CompiledBundle | Exception] = {}

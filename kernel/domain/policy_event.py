@@ -1,0 +1,23 @@
+"""The policy audit trail's event types: who changed which bundle decides, and the shadow beside it."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class PolicyEventType(StrEnum):
+    ACTIVATED = "policy.activated"  # a revision became the agent's active bundle
+    CLEARED = "policy.cleared"  # the agent's active bundle was removed (permissive)
+    PROMOTED = "policy.promoted"  # the shadow bundle became the active one
+    ROLLED_BACK = "policy.rolled_back"  # the previous active revision came back
+    SHADOW_SET = "policy.shadow_set"  # a shadow bundle was set beside the active one
+    SHADOW_CLEARED = "policy.shadow_cleared"  # the shadow bundle was removed
+
+    @property
+    def changes_active(self) -> bool:
+        """Does this event change which revision is active (what a rollback reads back)?"""
+        return self in _ACTIVATING
+
+
+_ACTIVATING = frozenset({PolicyEventType.ACTIVATED, PolicyEventType.CLEARED, PolicyEventType.PROMOTED,
+                         PolicyEventType.ROLLED_BACK})
