@@ -55,6 +55,9 @@ HOSTILE: dict[str, Any] = {
     "huge float": 1.7976931348623157e308,
     "markup": {"<img src=x onerror=alert(1)>": "{{ 7*7 }}{% raw %}", "\"'": "\u2028\u2029"},
 }
+# Numbers neither engine can compute with: a step carrying one is denied `eval-error` in both
+# (docs/policy.md, "Numbers"), so it asks for no approval; it is stored and read back all the same.
+OUT_OF_RANGE = frozenset({"huge float"})
 # Text stored in typed columns: the widest a client may send (docs/api.md, "Bounds").
 RATIONALE = "<b>why</b> \u202e " + "r" * 4000
 STREAM_DATA = "\ud800 a\x00b <script>"
@@ -185,7 +188,9 @@ def store(w: Walk, hooks: Webhooks) -> None:
             r = w.signed("POST", f"{base}/steps/{sid}/fail", {"error": value}, lease)
             w.note(r.status_code < 300, f"fail with error {name} → {r.status_code} {r.text[:120]!r}")
         ask = w.signed("POST", f"{base}/steps", {"kind": "tool_call", "target": "ask", "args": {"v": value}}, lease)
-        if w.note(ask.status_code == 200 and ask.json().get("approval_id"),
+        if name in OUT_OF_RANGE and ask.status_code == 200 and ask.json().get("rule_id") == "eval-error":
+            pass  # denied before any rule, as docs/policy.md ("Numbers") says: stored, but never asked
+        elif w.note(ask.status_code == 200 and ask.json().get("approval_id"),
                   f"submit ask {name} → {ask.status_code} {ask.text[:160]!r}"):
             ids.append(ask.json()["step_id"])
             aid = ask.json()["approval_id"]

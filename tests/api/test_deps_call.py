@@ -220,6 +220,10 @@ def test_a_call_that_goes_first_runs_before_those_queued_and_never_spills() -> N
         # urgent call would have: when it has, the urgent one is still waiting for the lane.
         sentinel = asyncio.create_task(lane.call(note, "sentinel"))
         await until(lambda: lane.spilled == 4, "the sentinel to spill")
+        # A spilled call runs on whichever thread takes it first: under load the pool's thread may
+        # not have taken them yet when the blocker ends, so the lane would. Wait until they ran.
+        await until(lambda: {"queued-0", "queued-1", "queued-2", "sentinel"} <= set(order),
+                    "the spilled calls to run on the pool")
         assert not urgent.done()
         release.set()
         await first
