@@ -35,6 +35,7 @@ from bench.console import CONSOLE
 from bench.dispatch import DISPATCH
 from bench.judge import JUDGE
 from bench.peer import PEER
+from bench.scale import SCALE
 from bench.scenarios import (
     FULL,
     LOCAL_SCENARIOS,
@@ -63,7 +64,7 @@ if not console.is_terminal:
 TARGETS = ("bare", "sqlite", "postgres", "sqlite-norecord", "postgres-norecord")
 NORECORD = {"REGENT_RECORD_DECISIONS": "false"}
 LOCAL = [*LOCAL_SCENARIOS, JUDGE, SESSIONS, DISPATCH]  # in-process, or with servers of their own, after the shared targets
-LOCAL += [PEER]  # bench/peer.py: DBOS beside the kernel (issue 33)
+LOCAL += [PEER, SCALE]  # bench/peer.py, bench/scale.py (issue 33)
 
 
 # -- running -----------------------------------------------------------------------------------------
@@ -494,8 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         console.print(f"[red]unknown target(s): {', '.join(sorted(unknown))}[/]")
         return 2
-    # `decisions` (bench/audit.py) runs only when asked for: its one run so far failed (see bench/README.md)
-    scenarios, local = SCENARIOS, [s for s in LOCAL if s.key != "decisions"]
+    # `decisions` (bench/audit.py) and `scale` (bench/scale.py: stores of 10^6 executions) run only when asked for
+    scenarios, local = SCENARIOS, [s for s in LOCAL if s.key not in ("decisions", "scale")]
     if args.scenarios:
         wanted = {s.strip() for s in args.scenarios.split(",") if s.strip()}
         scenarios = [s for s in SCENARIOS if s.key in wanted]
