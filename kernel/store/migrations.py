@@ -233,6 +233,22 @@ def _judged_decisions(conn: Connection) -> None:
         conn.execute(text("CREATE INDEX ix_decisions_judged ON decisions (decided_at, id) WHERE judge IS NOT NULL"))
 
 
+_SWEEP_INDEXES_012 = (
+    ("executions", "ix_executions_updated", "status, updated_at"),
+    ("approvals", "ix_approvals_due", "status, timeout_at"),
+    ("approvals", "ix_approvals_execution", "execution_id"),
+)
+
+
+def _sweep_indexes(conn: Connection) -> None:
+    # 012 (docs/architecture.md, "Query plans at scale"): the sweeps' selects were full scans. On a
+    # store of 10^5 executions retention scanned the executions table inside its write transaction
+    # each pass, and the approval expiry sweep and retention's delete scanned the approvals table.
+    for table, name, columns in _SWEEP_INDEXES_012:
+        if name not in {i["name"] for i in inspect(conn).get_indexes(table)}:
+            conn.execute(text(f"CREATE INDEX {name} ON {table} ({columns})"))
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
@@ -245,6 +261,7 @@ MIGRATIONS: list[Migration] = [
     Migration(9, "request signatures seen (the shared replay guard)", _request_signatures),
     Migration(10, "resources and checkpoints", _resources),
     Migration(11, "an index of judge rules' decision records", _judged_decisions),
+    Migration(12, "indexes for the sweeps: retention and approval expiry", _sweep_indexes),
 ]
 LATEST = MIGRATIONS[-1].version
 

@@ -86,6 +86,8 @@ class ExecutionRow(SQLModel, table=True):
         # Session admission reads a session's live and queued executions, oldest first.
         Index("ix_executions_session", "session", "status", "id"),
         Index("ix_executions_parent", "parent_execution_id"),
+        # Retention's batch: terminal executions last updated before the cutoff (migration 012).
+        Index("ix_executions_updated", "status", "updated_at"),
         UniqueConstraint("agent_id", "idempotency_key"),
     )
 
@@ -222,7 +224,12 @@ class StepRow(SQLModel, table=True):
 
 class ApprovalRow(SQLModel, table=True):
     __tablename__ = "approvals"
-    __table_args__ = (Index("ix_approvals_status", "status", "created_at"),)
+    __table_args__ = (
+        Index("ix_approvals_status", "status", "created_at"),
+        # The expiry sweep (pending, past timeout_at) and retention's delete by execution (012).
+        Index("ix_approvals_due", "status", "timeout_at"),
+        Index("ix_approvals_execution", "execution_id"),
+    )
 
     id: str = Field(sa_column=Column(String(36), primary_key=True))
     step_id: str = Field(sa_column=Column(String(64), nullable=False, index=True))
