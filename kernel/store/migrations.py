@@ -234,7 +234,7 @@ def _judged_decisions(conn: Connection) -> None:
 
 
 _SWEEP_INDEXES_012 = (
-    ("executions", "ix_executions_updated", "status, updated_at"),
+    ("executions", "ix_executions_created", "status, created_at"),
     ("approvals", "ix_approvals_due", "status, timeout_at"),
     ("approvals", "ix_approvals_execution", "execution_id"),
 )

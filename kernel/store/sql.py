@@ -341,7 +341,9 @@ class Tx(StepQueries, DispatchQueries, AuditQueries, SessionQueries, ResourceQue
             for r in self.conn.execute(
                 select(e.id)
                 .where(
-                    e.status.in_(TERMINAL_EXECUTIONS), e.updated_at < cutoff,
+                    # created_at <= updated_at always: the redundant bound lets ix_executions_created
+                    # walk only the executions created before the cutoff (migration 012).
+                    e.status.in_(TERMINAL_EXECUTIONS), e.created_at < cutoff, e.updated_at < cutoff,
                     or_(e.session.is_(None), ~session_busy),
                     or_(e.parent_execution_id.is_(None), ~parent_live),
                     e.id.not_in(live_sources),

@@ -86,8 +86,10 @@ class ExecutionRow(SQLModel, table=True):
         # Session admission reads a session's live and queued executions, oldest first.
         Index("ix_executions_session", "session", "status", "id"),
         Index("ix_executions_parent", "parent_execution_id"),
-        # Retention's batch: terminal executions last updated before the cutoff (migration 012).
-        Index("ix_executions_updated", "status", "updated_at"),
+        # Retention's batch (migration 012): terminal executions created before the cutoff, of which
+        # it keeps those updated since. Not updated_at: every step moves it, so an index on it would
+        # be written twice a round trip (and on PostgreSQL end the executions row's HOT updates).
+        Index("ix_executions_created", "status", "created_at"),
         UniqueConstraint("agent_id", "idempotency_key"),
     )
 

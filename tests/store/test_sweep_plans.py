@@ -95,7 +95,7 @@ def test_retention_selects_and_deletes_expired_executions_without_scanning_a_tab
         with store.transaction() as tx:
             assert tx.delete_terminal_executions_before(T0 + timedelta(days=1), 200) == 1
 
-    _assert_no_full_scan(store, run, "updated_at")
+    _assert_no_full_scan(store, run, "created_at")
 
 
 def test_the_approval_expiry_sweep_selects_due_approvals_without_scanning_the_table(store: SqlStore) -> None:
