@@ -356,9 +356,34 @@ def _backend(kind: str, p: Profile, pg_url: str, tmp: Path) -> list[Result]:
                      f"{d99 / a99:.2f}× ({d99 * 1e3:.1f} / {a99 * 1e3:.1f} ms; longest {r['during'][-1] * 1e3:.0f} / "
                      f"{r['after'][-1] * 1e3:.0f} ms; deleted in {r['seconds']:.0f} s, {r['left']:,} left)",
                      "≤ 1.2×"))
+        _say(f"{kind}: parked …")
+        figs += _parked(kind, label, n // 10, tmp, pg_url)
     figs += [(f"scale: {label} stores", line, "") for line in log]
     out.append(Result("scale: notes", kind, stats={"ops": 0}, figures=figs))
     return out
+
+
+def _parked(kind: str, label: str, big: int, tmp: Path, pg_url: str) -> list[tuple[str, str, str]]:
+    from bench import parked
+
+    small = max(big // 100, 100)
+    with contextlib.ExitStack() as stack:
+        def url_for(size: str) -> str:
+            if kind == "sqlite":
+                return f"sqlite:///{tmp}/parked-{size}.db"
+            return stack.enter_context(pg_scratch(pg_url))
+
+        r = parked.measure(url_for, small, big, 300.0)
+    return [
+        (f"scale: cleanup sweep pass with {big:,} / {small:,} executions parked on an approval, {label} "
+         "(median CPU; wall)", f"{r['big_cpu'] / r['small_cpu']:.2f}× ({r['big_cpu'] * 1e3:.1f} / "
+         f"{r['small_cpu'] * 1e3:.1f} ms; wall {r['big_wall'] * 1e3:.1f} / {r['small_wall'] * 1e3:.1f} ms)",
+         "constant"),
+        (f"scale: sweeping process RSS with {big:,} / {small:,} parked, {label}",
+         f"{r['big_rss']:.0f} / {r['small_rss']:.0f} MB", "flat"),
+        (f"scale: parked executions resumed after their release (approval timeout), {label}",
+         f"{r['resumed']:,} of {big:,} in {r['release_s']:.0f} s", "all"),
+    ]
 
 
 def _run(p: Profile) -> list[Result]:
