@@ -205,3 +205,14 @@ def test_the_inbox_reads_only_the_oldest_pending_approvals_it_shows_and_says_the
     monkeypatch.setattr(inbox, "INBOX_LIMIT", 5)
     box = inbox.inbox(kernel)
     assert [it.approval.id for it in box.pending] == asked and not box.more_pending
+
+
+def test_a_status_count_stops_one_past_the_cap_and_reads_as_more_than_it(
+        kernel: Kernel, running: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline, "COUNT_CAP", 2)
+    for _ in range(4):
+        running.start()
+    page = timeline.execution_page(kernel, agent_id=None, status=None, created_from=None, created_to=None,
+                                   cursor=None, limit=10)
+    assert page.counts == {"running": 3} and page.count_cap == 2
+    assert len(page.executions) == 4

@@ -106,3 +106,25 @@ def test_the_approval_expiry_sweep_selects_due_approvals_without_scanning_the_ta
             tx.expired_approvals(T0 + timedelta(days=1), 100)
 
     _assert_no_full_scan(store, run, "timeout_at")
+
+
+def test_the_console_status_counts_read_bounded_index_ranges_not_the_whole_table(store: SqlStore) -> None:
+    from kernel.core import timeline
+    from kernel.core.kernel import Kernel
+
+    _seed(store)
+    k = Kernel(store=store)
+
+    def run() -> None:
+        timeline.execution_page(k, agent_id=None, status=None, created_from=None, created_to=None, cursor=None,
+                                limit=50)
+
+    counts = [(s, p) for s, p in _captured(store, run) if "count(" in s.lower()]
+    assert counts, "the page counted nothing"
+    for statement, params in counts:
+        plan = _plan(store, statement, params)
+        assert _full_scans(store, plan) == [], plan
+        if store.dialect == "sqlite":  # `SEARCH … (status=?)`, not `SCAN … USING COVERING INDEX`
+            assert all(ln.startswith("SEARCH") for ln in plan.splitlines() if "executions" in ln), plan
+        else:
+            assert re.search(r'"Index Cond": "[^"]*\bstatus\b', plan), plan
