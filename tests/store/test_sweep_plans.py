@@ -128,3 +128,23 @@ def test_the_console_status_counts_read_bounded_index_ranges_not_the_whole_table
             assert all(ln.startswith("SEARCH") for ln in plan.splitlines() if "executions" in ln), plan
         else:
             assert re.search(r'"Index Cond": "[^"]*\bstatus\b', plan), plan
+
+
+def test_the_decision_journal_flush_reuses_its_statements_so_their_cache_keys_are_computed_once(
+        store: SqlStore) -> None:
+    seen: list[list[Any]] = []
+
+    def grab(conn: Any, clauseelement: Any, multiparams: Any, params: Any, options: Any) -> None:
+        seen[-1].append(clauseelement)
+
+    event.listen(store.engine, "before_execute", grab)
+    try:
+        for _ in range(2):
+            seen.append([])
+            with store.transaction() as tx:
+                tx.flush_decision_journal(1000)
+    finally:
+        event.remove(store.engine, "before_execute", grab)
+    first, second = seen
+    assert first and len(first) == len(second)
+    assert all(a is b for a, b in zip(first, second, strict=True))
