@@ -22,8 +22,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -239,10 +240,10 @@ def measure_store(store: str, p: Profile, pg_url: str, tmp: Path) -> dict[str, S
             s.client += r.cpu.client
 
         for i in range(rounds):
-            seq = [lambda i=i: regent("regent seq", leases[:1], seq_s, p.seq_max_ops, i),
-                   lambda: peer("dbos seq", 1, seq_s, p.seq_max_ops)]
-            cc = [lambda i=i: regent("regent conc", leases[1:], conc_s, p.conc_max_ops, i),
-                  lambda: peer("dbos conc", conc, conc_s, p.conc_max_ops)]
+            seq: list[Callable[[], None]] = [partial(regent, "regent seq", leases[:1], seq_s, p.seq_max_ops, i),
+                                             partial(peer, "dbos seq", 1, seq_s, p.seq_max_ops)]
+            cc: list[Callable[[], None]] = [partial(regent, "regent conc", leases[1:], conc_s, p.conc_max_ops, i),
+                                            partial(peer, "dbos conc", conc, conc_s, p.conc_max_ops)]
             if i % 2:
                 seq.reverse()
                 cc.reverse()

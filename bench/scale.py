@@ -259,8 +259,8 @@ def _expired_left(url: str) -> int:
             c.close()
     import psycopg
 
-    with psycopg.connect(url, connect_timeout=5) as c:
-        row = c.execute("SELECT count(*) FROM executions WHERE updated_at < %s", (yearold.cutoff(),)).fetchone()
+    with psycopg.connect(url, connect_timeout=5) as pg:
+        row = pg.execute("SELECT count(*) FROM executions WHERE updated_at < %s", (yearold.cutoff(),)).fetchone()
         return int(row[0]) if row else 0
 
 
@@ -333,9 +333,9 @@ def _backend(kind: str, p: Profile, pg_url: str, tmp: Path) -> list[Result]:
                              f" p50 {_p(bl, .5) / _p(el, .5):.2f}×", "≤ 1.1×"))
             _say(f"{kind}: reads …")
             samples = 60 if p.name == "quick" else 200
-            lat = reads(servers, st, samples, 60.0 if p.name == "quick" else 240.0)
+            got = reads(servers, st, samples, 60.0 if p.name == "quick" else 240.0)
             worst = ("", 0.0)
-            for name, by in lat.items():
+            for name, by in got.items():
                 small, big = _p(by["small"], .99), _p(by["big"], .99)
                 ratio = big / small if small else float("nan")
                 worst = max(worst, (name, ratio), key=lambda x: x[1])
