@@ -235,6 +235,7 @@ def _judged_decisions(conn: Connection) -> None:
 
 _SWEEP_INDEXES_012 = (
     ("executions", "ix_executions_created", "status, created_at"),
+    ("executions", "ix_executions_suspended", "suspended"),
     ("approvals", "ix_approvals_due", "status, timeout_at"),
     ("approvals", "ix_approvals_execution", "execution_id"),
 )
@@ -243,7 +244,8 @@ _SWEEP_INDEXES_012 = (
 def _sweep_indexes(conn: Connection) -> None:
     # 012 (docs/architecture.md, "Query plans at scale"): the sweeps' selects were full scans. On a
     # store of 10^5 executions retention scanned the executions table inside its write transaction
-    # each pass, and the approval expiry sweep and retention's delete scanned the approvals table.
+    # each pass, and the approval expiry sweep and retention's delete scanned the approvals table;
+    # the repair sweep read every live execution to find the suspended ones.
     for table, name, columns in _SWEEP_INDEXES_012:
         if name not in {i["name"] for i in inspect(conn).get_indexes(table)}:
             conn.execute(text(f"CREATE INDEX {name} ON {table} ({columns})"))
@@ -261,7 +263,7 @@ MIGRATIONS: list[Migration] = [
     Migration(9, "request signatures seen (the shared replay guard)", _request_signatures),
     Migration(10, "resources and checkpoints", _resources),
     Migration(11, "an index of judge rules' decision records", _judged_decisions),
-    Migration(12, "indexes for the sweeps: retention and approval expiry", _sweep_indexes),
+    Migration(12, "indexes for the sweeps: retention, approval expiry, suspended parents", _sweep_indexes),
 ]
 LATEST = MIGRATIONS[-1].version
 

@@ -90,6 +90,8 @@ class ExecutionRow(SQLModel, table=True):
         # it keeps those updated since. Not updated_at: every step moves it, so an index on it would
         # be written twice a round trip (and on PostgreSQL end the executions row's HOT updates).
         Index("ix_executions_created", "status", "created_at"),
+        # The repair sweep's suspended parents: few rows, set at a spawn, not on every step (012).
+        Index("ix_executions_suspended", "suspended"),
         UniqueConstraint("agent_id", "idempotency_key"),
     )
 

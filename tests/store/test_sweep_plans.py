@@ -148,3 +148,19 @@ def test_the_decision_journal_flush_reuses_its_statements_so_their_cache_keys_ar
     first, second = seen
     assert first and len(first) == len(second)
     assert all(a is b for a, b in zip(first, second, strict=True))
+
+
+def test_the_repair_sweep_finds_suspended_parents_from_an_index_not_every_live_execution(store: SqlStore) -> None:
+    _seed(store)
+
+    def run() -> None:
+        with store.read() as tx:
+            tx.suspended_parents_ready(100)
+
+    (statement, params), *_ = list(_captured(store, run))
+    plan = _plan(store, statement, params)
+    assert _full_scans(store, plan) == [], plan
+    if store.dialect == "sqlite":
+        assert re.search(r"SEARCH (executions|other) USING (COVERING )?INDEX ix_executions_suspended", plan), plan
+    else:
+        assert re.search(r'"Index Cond": "[^"]*\bsuspended\b', plan), plan
