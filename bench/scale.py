@@ -273,14 +273,18 @@ def retention(s: Store, tmp: Path, p: Profile, seconds_max: float) -> dict[str, 
     windows = 0
     with kernel("scale-big-retention", s, tmp, {"REGENT_CLEANUP_INTERVAL": "1"}) as (srv, _):
         t0 = time.monotonic()
-        left, still = before, 0
+        left, still, since = before, 0, time.monotonic()
         base = 900_000_000
-        # Until none is left, or none went for 5 windows (a session with a recent turn is kept whole).
-        while left > 0 and still < 5 and time.monotonic() - t0 < seconds_max:
+        # Until none is left, or none went for 60 s (a session with a recent turn is kept whole;
+        # between passes the same sweep deletes decision records past their own 90-day retention).
+        while left > 0 and time.monotonic() - since < 60 and time.monotonic() - t0 < seconds_max:
             during += _rt(srv, s, 8, 1.0, p.conc_max_ops, base + windows * 100_000, p)[1:]
             windows += 1
             now_left = _expired_left(s.url)
-            still = still + 1 if now_left == left else 0
+            if now_left < left:
+                still, since = 0, time.monotonic()
+            else:
+                still += 1
             left = now_left
         took = time.monotonic() - t0
         windows = max(windows - still, 1)
