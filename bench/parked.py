@@ -30,6 +30,8 @@ T0 = datetime.now(UTC).replace(microsecond=0)
 def park(store: SqlStore, n: int) -> None:
     """n blocked executions, each with its step awaiting approval and the approval pending."""
     with store.engine.begin() as c:
+        if store.dialect == "postgresql":  # a fixture's bulk insert, not a request: no statement timeout
+            c.execute(text("SET LOCAL statement_timeout = 0"))
         c.execute(text("INSERT INTO agents (id, webhook_url, secret, lease_timeout_seconds, registered_at) "
                        "VALUES (:a, 'http://127.0.0.1:9/webhook', 's', 3600, :t)"), {"a": AGENT, "t": T0})
         if store.dialect == "postgresql":
@@ -90,6 +92,8 @@ def release(k: Kernel, n: int, budget: float) -> tuple[int, float]:
     pending or `budget` seconds pass; the count of executions running again with a dispatch queued."""
     past = datetime.now(UTC) - timedelta(seconds=1)
     with k.store.engine.begin() as c:
+        if k.store.dialect == "postgresql":
+            c.execute(text("SET LOCAL statement_timeout = 0"))
         c.execute(text("UPDATE approvals SET timeout_at = :p WHERE status = 'pending'").bindparams(p=past)
                   if k.store.dialect == "postgresql" else
                   text("UPDATE approvals SET timeout_at = :p WHERE status = 'pending'"),

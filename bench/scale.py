@@ -361,7 +361,10 @@ def _backend(kind: str, p: Profile, pg_url: str, tmp: Path) -> list[Result]:
                      f"{r['after'][-1] * 1e3:.0f} ms; deleted in {r['seconds']:.0f} s, {r['left']:,} left)",
                      "≤ 1.2×"))
         _say(f"{kind}: parked …")
-        figs += _parked(kind, label, n // 10, tmp, pg_url)
+        try:  # the figures above stand whatever happens here
+            figs += _parked(kind, label, n // 10, tmp, pg_url)
+        except Exception as exc:
+            figs.append((f"scale: parked executions, {label}", f"failed: {type(exc).__name__}: {exc}"[:300], ""))
     figs += [(f"scale: {label} stores", line, "") for line in log]
     out.append(Result("scale: notes", kind, stats={"ops": 0}, figures=figs))
     return out
@@ -377,7 +380,7 @@ def _parked(kind: str, label: str, big: int, tmp: Path, pg_url: str) -> list[tup
                 return f"sqlite:///{tmp}/parked-{size}.db"
             return stack.enter_context(pg_scratch(pg_url))
 
-        r = parked.measure(url_for, small, big, 300.0)
+        r = parked.measure(url_for, small, big, float(os.environ.get("REGENT_BENCH_SCALE_RELEASE_SECONDS", 300)))
     return [
         (f"scale: cleanup sweep pass with {big:,} / {small:,} executions parked on an approval, {label} "
          "(median CPU; wall)", f"{r['big_cpu'] / r['small_cpu']:.2f}× ({r['big_cpu'] * 1e3:.1f} / "
