@@ -5,7 +5,9 @@ PORT`, a bare asyncio HTTP/1.1 server that only notes when each delivery arrived
 serve` on a temp SQLite file with that agent registered. `clients` threads create executions as
 fast as the kernel accepts them for a fixed time; the figure is the deliveries the agent received
 in that same interval over the creates the kernel acknowledged in it (goal ≥ 80 %, issue 18 §0),
-then how long the backlog took to drain after the creates stopped.
+then how long the backlog took to drain after the creates stopped. A second agent is present
+throughout, as a hostile neighbour: its webhook accepts TCP and never answers (a black hole), and
+200 executions are queued for it before the flood starts (issue 30 §1, issue 33 §3).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +35,8 @@ from bench.servers import ROOT, free_port, serve_kernel
 CLIENTS = 50
 AGENT_ID = "bench-dispatch-agent"
 SECRET = "bench-dispatch-secret"
+BLACK_HOLE_AGENT = "bench-black-hole"
+BLACK_HOLE_EXECUTIONS = 200
 
 
 # -- the webhook agent (a child process) ---------------------------------------------------------
@@ -97,14 +102,46 @@ def _receiver() -> Iterator[str]:
         proc.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def black_hole() -> Iterator[str]:
+    """A webhook that accepts every TCP connection and never answers, until the block ends."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1024)
+    lsock.settimeout(0.2)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set() and len(held) < 10_000:
+            try:
+                conn, _ = lsock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            held.append(conn)
+
+    th = threading.Thread(target=accept, name="bench-black-hole", daemon=True)
+    th.start()
+    try:
+        yield f"http://127.0.0.1:{lsock.getsockname()[1]}/webhook"
+    finally:
+        stop.set()
+        th.join(timeout=5)
+        for c in [*held, lsock]:
+            c.close()
+
+
 def _arrivals(url: str) -> list[float]:
     return [float(t) for t in httpx.get(f"{url}/arrivals", timeout=10).json()]
 
 
 # -- the measurement --------------------------------------------------------------------------------
 
-def _prepare(db_url: str, webhook: str) -> None:
+def _prepare(db_url: str, webhook: str, black_hole_webhook: str | None = None) -> None:
     from kernel.core.agents import register_agent
+    from kernel.core.executions import create_execution
     from kernel.core.kernel import Kernel
     from kernel.store import open_store
     from kernel.store.migrations import migrate
@@ -112,7 +149,12 @@ def _prepare(db_url: str, webhook: str) -> None:
     store = open_store(db_url)
     try:
         migrate(store)
-        register_agent(Kernel(store=store), AGENT_ID, webhook, SECRET, 3600, keep_policy=True)
+        k = Kernel(store=store)
+        register_agent(k, AGENT_ID, webhook, SECRET, 3600, keep_policy=True)
+        if black_hole_webhook:
+            register_agent(k, BLACK_HOLE_AGENT, black_hole_webhook, SECRET, 3600, keep_policy=True)
+            for i in range(BLACK_HOLE_EXECUTIONS):
+                create_execution(k, BLACK_HOLE_AGENT, {"n": i})
     finally:
         store.close()
 
@@ -131,13 +173,14 @@ def _create_loop(url: str, token: str, stop: threading.Event, acked: list[float]
 
 
 def measure(seconds: float, clients: int = CLIENTS, extra_env: dict[str, str] | None = None,
-            keep: bool = False, db_url: str | None = None) -> dict[str, float]:
-    """`keep` leaves the temp dir (the server's log) in place."""
+            keep: bool = False, db_url: str | None = None, with_black_hole: bool = True) -> dict[str, float]:
+    """`keep` leaves the temp dir (the server's log) in place; `with_black_hole` adds the agent whose
+    webhook never answers, with its executions queued."""
     tmp = Path(tempfile.mkdtemp(prefix="regent-bench-dispatch-"))
     try:
-        with _receiver() as agent_url:
+        with _receiver() as agent_url, black_hole() as hole:
             db = db_url or f"sqlite:///{tmp}/dispatch-bench.db"
-            _prepare(db, f"{agent_url}/webhook")
+            _prepare(db, f"{agent_url}/webhook", hole if with_black_hole else None)
             bearer = "bench-dispatch-" + uuid.uuid4().hex
             env = {"REGENT_BEARER_TOKEN": bearer, "REGENT_MAX_BACKLOG": "0", **(extra_env or {})}
             with serve_kernel("sqlite-dispatch", db, tmp, extra_env=env) as srv:
@@ -179,7 +222,8 @@ def _run(p: Profile) -> list[Result]:
     ratio = m["deliveries_per_s"] / m["creates_per_s"] if m["creates_per_s"] else float("nan")
     name = "dispatch: webhook deliveries vs creates"
     stats = {"ops": int(m["created"]), "workers": CLIENTS, "throughput": m["creates_per_s"]}
-    return [Result(name, f"sqlite, {CLIENTS} clients creating", op="create", stats=stats,
+    return [Result(name, f"sqlite, {CLIENTS} clients creating, a black-hole agent with {BLACK_HOLE_EXECUTIONS} queued",
+                   op="create", stats=stats,
                    extra={k: round(v, 2) for k, v in m.items()},
                    figures=[
                        ("dispatch: deliveries/s ÷ creates/s, same interval",

@@ -35,6 +35,8 @@ from bench.console import CONSOLE
 from bench.dispatch import DISPATCH
 from bench.judge import JUDGE
 from bench.mcp import MCP
+from bench.peer import PEER
+from bench.scale import SCALE
 from bench.scenarios import (
     FULL,
     LOCAL_SCENARIOS,
@@ -64,6 +66,7 @@ TARGETS = ("bare", "sqlite", "postgres", "sqlite-norecord", "postgres-norecord")
 NORECORD = {"REGENT_RECORD_DECISIONS": "false"}
 LOCAL = [*LOCAL_SCENARIOS, JUDGE, SESSIONS, DISPATCH]  # in-process, or with servers of their own, after the shared targets
 LOCAL = [*LOCAL, MCP]  # bench/mcp.py: the MCP gateway's overhead, its own servers
+LOCAL += [PEER, SCALE]  # bench/peer.py, bench/scale.py (issue 33)
 
 
 # -- running -----------------------------------------------------------------------------------------
@@ -226,7 +229,9 @@ def ratios(p: Profile) -> list[Ratio]:
     return [
         Ratio(f"SQLite / bare ceiling, throughput at {p.concurrency} workers", (conc, "sqlite"), (conc, "bare"),
               "throughput", "≥ 75 %"),
-        Ratio("SQLite / bare ceiling, throughput sequential", (seq, "sqlite"), (seq, "bare"), "throughput", "≥ 60 %"),
+        # Sequential ≥ 60 % and PostgreSQL / SQLite ≥ 85 % were goals until issue 33 §3 retired them: the
+        # machine's two CPUs and the disk leave the kernel almost nothing under them (`headroom`).
+        Ratio("SQLite / bare ceiling, throughput sequential", (seq, "sqlite"), (seq, "bare"), "throughput", ""),
         Ratio("bare / SQLite, server CPU per round trip (client-independent)", (conc, "bare"), (conc, "sqlite"),
               "server_cpu_per_op", "≥ 50 %"),
         Ratio(f"replay p50: {p.replay_big_steps} / {p.replay_small_steps} steps, SQLite", (big, "sqlite"),
@@ -238,7 +243,7 @@ def ratios(p: Profile) -> list[Ratio]:
         Ratio(f"replay p99: {p.replay_big_steps} / {p.replay_small_steps} steps, PostgreSQL", (big, "postgres"),
               (small, "postgres"), "p99", "", as_percent=False),
         Ratio(f"PostgreSQL / SQLite, throughput at {p.concurrency} workers", (conc, "postgres"), (conc, "sqlite"),
-              "throughput", "≥ 85 %"),
+              "throughput", ""),
         Ratio("PostgreSQL / SQLite, throughput sequential", (seq, "postgres"), (seq, "sqlite"), "throughput", ""),
         Ratio(f"PostgreSQL / bare ceiling, throughput at {p.concurrency} workers", (conc, "postgres"),
               (conc, "bare"), "throughput", ""),
@@ -275,7 +280,8 @@ def compute_ratios(p: Profile, rows: list[dict[str, Any]]) -> list[dict[str, Any
     return out
 
 
-# Issue 18 §3 goals that the machine itself bounds (bench/README.md, "What the goals leave").
+# Issue 18 §3 goals that the machine itself bounds, retired by issue 33 §3 (bench/README.md, "What the
+# goals leave"): still the yardsticks of the headroom rows, printed without a goal.
 SEQUENTIAL_GOAL = 0.60  # SQLite / bare, throughput sequential
 POSTGRES_GOAL = 0.85  # PostgreSQL / SQLite, throughput at the concurrent workers
 
@@ -491,8 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         console.print(f"[red]unknown target(s): {', '.join(sorted(unknown))}[/]")
         return 2
-    # `decisions` (bench/audit.py) runs only when asked for: its one run so far failed (see bench/README.md)
-    scenarios, local = SCENARIOS, [s for s in LOCAL if s.key != "decisions"]
+    # `decisions` (bench/audit.py) and `scale` (bench/scale.py: stores of 10^6 executions) run only when asked for
+    scenarios, local = SCENARIOS, [s for s in LOCAL if s.key not in ("decisions", "scale")]
     if args.scenarios:
         wanted = {s.strip() for s in args.scenarios.split(",") if s.strip()}
         scenarios = [s for s in SCENARIOS if s.key in wanted]

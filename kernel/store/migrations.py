@@ -248,6 +248,24 @@ def _approval_bundle(conn: Connection) -> None:
         ))
 
 
+_SWEEP_INDEXES_013 = (
+    ("executions", "ix_executions_created", "status, created_at"),
+    ("executions", "ix_executions_suspended", "suspended"),
+    ("approvals", "ix_approvals_due", "status, timeout_at"),
+    ("approvals", "ix_approvals_execution", "execution_id"),
+)
+
+
+def _sweep_indexes(conn: Connection) -> None:
+    # 013 (docs/architecture.md, "Query plans at scale"): the sweeps' selects were full scans. On a
+    # store of 10^5 executions retention scanned the executions table inside its write transaction
+    # each pass, and the approval expiry sweep and retention's delete scanned the approvals table;
+    # the repair sweep read every live execution to find the suspended ones.
+    for table, name, columns in _SWEEP_INDEXES_013:
+        if name not in {i["name"] for i in inspect(conn).get_indexes(table)}:
+            conn.execute(text(f"CREATE INDEX {name} ON {table} ({columns})"))
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
@@ -261,6 +279,7 @@ MIGRATIONS: list[Migration] = [
     Migration(10, "resources and checkpoints", _resources),
     Migration(11, "an index of judge rules' decision records", _judged_decisions),
     Migration(12, "the bundle that asked for an approval: kind and revision", _approval_bundle),
+    Migration(13, "indexes for the sweeps: retention, approval expiry, suspended parents", _sweep_indexes),
 ]
 LATEST = MIGRATIONS[-1].version
 

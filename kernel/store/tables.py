@@ -86,6 +86,12 @@ class ExecutionRow(SQLModel, table=True):
         # Session admission reads a session's live and queued executions, oldest first.
         Index("ix_executions_session", "session", "status", "id"),
         Index("ix_executions_parent", "parent_execution_id"),
+        # Retention's batch (migration 012): terminal executions created before the cutoff, of which
+        # it keeps those updated since. Not updated_at: every step moves it, so an index on it would
+        # be written twice a round trip (and on PostgreSQL end the executions row's HOT updates).
+        Index("ix_executions_created", "status", "created_at"),
+        # The repair sweep's suspended parents: few rows, set at a spawn, not on every step (012).
+        Index("ix_executions_suspended", "suspended"),
         UniqueConstraint("agent_id", "idempotency_key"),
     )
 
@@ -222,7 +228,12 @@ class StepRow(SQLModel, table=True):
 
 class ApprovalRow(SQLModel, table=True):
     __tablename__ = "approvals"
-    __table_args__ = (Index("ix_approvals_status", "status", "created_at"),)
+    __table_args__ = (
+        Index("ix_approvals_status", "status", "created_at"),
+        # The expiry sweep (pending, past timeout_at) and retention's delete by execution (012).
+        Index("ix_approvals_due", "status", "timeout_at"),
+        Index("ix_approvals_execution", "execution_id"),
+    )
 
     id: str = Field(sa_column=Column(String(36), primary_key=True))
     step_id: str = Field(sa_column=Column(String(64), nullable=False, index=True))

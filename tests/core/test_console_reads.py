@@ -261,3 +261,14 @@ def test_the_executions_page_finds_an_id_prefix_and_pages_back_to_the_newest(ker
     back = timeline.execution_page(kernel, agent_id=None, status=None, created_from=None, created_to=None,
                                    cursor=None, newer_than=older.prev_cursor, limit=4)
     assert [e.id for e in back.executions] == [e.id for e in first.executions] and back.prev_cursor is None
+
+
+def test_a_status_count_stops_one_past_the_cap_and_reads_as_more_than_it(
+        kernel: Kernel, running: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline, "COUNT_CAP", 2)
+    for _ in range(4):
+        running.start()
+    page = timeline.execution_page(kernel, agent_id=None, status=None, created_from=None, created_to=None,
+                                   cursor=None, limit=10)
+    assert page.counts == {"running": 3} and page.count_cap == 2
+    assert len(page.executions) == 4

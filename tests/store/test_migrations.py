@@ -183,6 +183,7 @@ def _at_version_3(store: SqlStore) -> str:
     with store.engine.begin() as c:
         c.execute(text("DROP INDEX ix_executions_session"))
         c.execute(text("DROP INDEX ix_executions_parent"))
+        c.execute(text("DROP INDEX ix_executions_suspended"))  # 012's, on a column version 4 added
         for table in ("resource_checkpoints", "resources", "fork_bundles"):
             c.execute(text(f"DROP TABLE {table}"))
         for col in _SESSION_COLUMNS:
@@ -384,3 +385,20 @@ def test_version_11_database_migrates_and_pending_approvals_get_the_bundle_that_
     with store.read() as tx:
         got = {a.id[-1]: (a.policy_kind, a.policy_revision) for a in tx.list_approvals(None, execution_id=eid)}
     assert got == {"1": ("yaml", "rev-1"), "2": (None, None)}
+
+
+def test_version_12_database_migrates_and_gets_the_sweeps_indexes(empty_store: SqlStore) -> None:
+    from sqlalchemy import inspect
+
+    store = empty_store
+    migrate(store)
+    names = (("executions", "ix_executions_created"), ("executions", "ix_executions_suspended"),
+             ("approvals", "ix_approvals_due"), ("approvals", "ix_approvals_execution"))
+    with store.engine.begin() as c:
+        for _, name in names:
+            c.execute(text(f"DROP INDEX {name}"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 12))
+    assert [m.version for m in migrate(store)] == list(range(13, LATEST + 1))
+    with store.engine.connect() as c:
+        for table, name in names:
+            assert name in {i["name"] for i in inspect(c).get_indexes(table)}
