@@ -9,6 +9,8 @@ refused (with the rewrite shown) where none does. Pure; line numbers are kept.
   no such binding can be placed, so that form is refused.
 - A line starting with `(` after a complete expression: OPA ends the expression at the newline,
   rego-cpp reads the `(` as a call of the reference before it. A `;` is put after that expression.
+- Built-ins rego-cpp never returns from on an empty argument (`replace(s, "", y)`, …) are routed
+  through helper functions appended to the module (guards.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .dialect import Token, matching, tokens
+from .guards import guard_builtins, guard_notes
 from .scan import _CONTINUES, _KEYWORDS
 
 __all__ = ["IdiomRewrite", "rewrite_idioms"]
@@ -204,4 +207,5 @@ def rewrite_idioms(source: str) -> IdiomRewrite:
     out = source
     for start, end, text in sorted(edits, key=lambda x: (x[0], x[1]), reverse=True):
         out = out[:start] + text + out[end:]
-    return IdiomRewrite(out, tuple(sorted(notes)), tuple(sorted(problems)))
+    notes += guard_notes(source)
+    return IdiomRewrite(guard_builtins(out), tuple(sorted(notes)), tuple(sorted(problems)))
