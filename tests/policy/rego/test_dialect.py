@@ -18,6 +18,7 @@ from kernel.policy.rego.dialect import (
     set_head_problems,
     v1_problems,
 )
+from kernel.policy.rego.idioms import rewrite_idioms
 from kernel.policy.testing.rego_tests import run_rego_test_file
 
 from .conftest import step
@@ -244,3 +245,24 @@ def test_operator_lines_inside_literals_and_before_a_comprehension_bar_are_accep
     source = ('package t\n\np if {\n\txs := [\n\t\t-1,\n\t\t-2,\n\t]\n\tys := [y\n\t\t| some y in xs]\n'
               '\to := {"a": 1,\n\t\t"b": -2}\n\tz := input.a -\n\t\t1 < 2\n}\nq := input.a\n\t+ 1\n')
     assert operator_line_problems(source) == []
+
+
+def test_iterated_references_in_head_values_are_bound_at_the_end_of_the_body_lines_kept() -> None:
+    source = ('package t\n\np := [input.b[_], 1]\nq contains {"n": input.i[_].n} if {\n\tcount(input.i) > 0\n}\n'
+              'r := {k: input.b[_] | k := "x"}\n')
+    out = rewrite_idioms(source)
+    assert out.source.splitlines()[2:7] == [
+        "p := [__arg2, 1] if { __arg2 := input.b[_] }",
+        'q contains {"n": __arg3} if {',
+        "\tcount(input.i) > 0; __arg3 := input.i[_].n",
+        "}",
+        'r := {k: __arg1 | k := "x"; __arg1 := input.b[_]}',
+    ]
+    assert [line for line, _, _ in out.notes] == [3, 4, 7] and not out.problems
+
+
+def test_an_iterated_reference_in_a_head_value_with_else_is_refused_with_the_rewrite() -> None:
+    out = rewrite_idioms("package t\n\np := [input.b[_]] if { true } else := 1\n")
+    [(line, col, message)] = out.problems
+    assert (line, col) == (3, 7)
+    assert "with `else`" in message and "`p := [v] if { v := x[_] }`" in message

@@ -3,8 +3,9 @@ kernel's worker pool) and by regorus (tests/policy/rego/oracle.py); every rule m
 divergence fails with the shrunk program and input.
 
 The grammar covers comparisons, arithmetic, string built-ins, `in`, `some`, `every`,
-comprehensions, partial sets and objects, `else`, `not`, helper functions, `x[_]` access and
-iterated call arguments (rewritten at load). It leaves out what docs/policy.md lists as a known
+comprehensions, partial sets and objects, `else`, `not`, helper functions, `x[_]` access,
+iterated call arguments and iterated references in head values and comprehension heads
+(rewritten at load). It leaves out what docs/policy.md lists as a known
 difference, each where it is left out. Calls are type-guarded (`is_string`, `is_number`), since
 regorus raises a failing built-in where OPA (and rego-cpp) make it undefined.
 
@@ -32,7 +33,10 @@ RULES = ("r0", "r1", "r2")
 
 # Strings without control characters, `"` or `\`: rego-cpp holds strings JSON-escaped, so
 # `count`, `substring` and friends see escape sequences (known difference escaped-string-length).
-_CHARS = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters='"\\')
+# No non-ASCII letter with a case mapping: rego-cpp's upper/lower map ASCII only (known
+# difference upper-lower-ascii-only); CJK, symbols and emoji stay in.
+_CHARS = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters='"\\').filter(
+    lambda c: c.isascii() or c.upper() == c == c.lower())
 strings = st.text(_CHARS, max_size=6)
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 small = st.integers(min_value=-20, max_value=20)
@@ -158,7 +162,8 @@ def body(draw: Any) -> str:
 
 @st.composite
 def rule(draw: Any, name: str) -> str:
-    kind = draw(st.sampled_from(["bool", "num", "text", "else", "set", "object", "acomp", "scomp", "ocomp"]))
+    kind = draw(st.sampled_from(["bool", "num", "text", "else", "set", "object", "acomp", "scomp", "ocomp",
+                                 "hset", "hcomp"]))
     b = draw(body())
     if kind == "bool":
         return f"{name} if {{ {b} }}"
@@ -179,6 +184,10 @@ def rule(draw: Any, name: str) -> str:
     # ("statements not scheduled"), which OPA evaluates.
     if kind == "acomp":
         return f"{name} := a if {{ {b}; a := [y | some x in input.xs; is_number(x); y := x * {draw(st.integers(0, 9))}] }}"
+    if kind == "hset":  # an iterated reference in a head's composite value (idioms.py binds it in the body)
+        return f"{name} contains {{\"v\": input.ss[_], \"n\": {draw(small)}}} if {{ {b} }}"
+    if kind == "hcomp":  # an iterated call argument in a comprehension's head (stays inside it)
+        return f"{name} := a if {{ {b}; a := [upper(input.ss[_]) | true] }}"
     if kind == "scomp":
         return f"{name} := a if {{ {b}; a := {{u | some w in input.ss; u := upper(w)}} }}"
     return f"{name} := a if {{ {b}; a := {{k: c | some k, v in input.o; c := count([v])}} }}"

@@ -51,3 +51,18 @@ def test_an_empty_old_from_agent_input_neither_times_out_nor_costs_a_worker() ->
         assert time.monotonic() - started < 20  # 20 timeouts would take 40 s
         stats = engine.stats()
         assert stats["timeouts"] == 0 and stats["workers_replaced"] == 0, stats
+
+
+def test_a_regex_result_that_splits_a_character_is_an_eval_error_and_costs_no_worker() -> None:
+    # rego-cpp's regexes match bytes: `.` takes one byte of "é", and reading the result killed
+    # the worker on every evaluation (UnicodeDecodeError, exit status 1).
+    policy = 'deny contains "x" if { regex.find_n(".", input.s, -1) }\np := regex.find_n(".", input.s, -1)\n'
+    with RegoEngine(size=1, timeout=2.0) as engine:
+        bundle = compile_rego_bundle(bundle_of(policy, regent={"entrypoint": "shell/p"}), engine=engine)
+        for _ in range(3):
+            [got] = engine.probe(bundle, {"s": "é"}, ["shell/p"])
+            assert "not valid UTF-8" in got["error"]
+        assert engine.stats()["workers_replaced"] == 0
+        decision = engine.evaluate_document(bundle, {"s": "é"})
+        assert decision.rule_id == "eval-error"
+        assert engine.stats()["workers_replaced"] == 0
