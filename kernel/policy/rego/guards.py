@@ -18,6 +18,12 @@ with any other argument returns at once (`split(s, "")`, `indexof`, `trim*`, `st
 - `regex.template_match` with an empty delimiter: undefined (OPA: an error, undefined unless
   strict). `yaml.unmarshal("")` is `null`, `yaml.is_valid("")` is `true`, as in OPA.
 
+Not a hang, but the same kind of fix: `sprintf("%s", [x])` where `x` comes from `concat`, `upper`,
+`lower`, `replace`, `regex.replace`, `format_int` or `json.marshal` printed `x` with its JSON quotes
+(`sprintf("denied: %s", [concat(", ", xs)])` gave `denied: "a, b"` with unescaped quotes, which the
+kernel cannot read: every evaluation was an `eval-error`). String arguments go through
+`trim_prefix(x, "")`, which gives the same text as a plain string.
+
 An evaluation error is made by a function giving two values (a conflict): rego-cpp reports it
 whatever the strict setting, and the kernel denies the step with `eval-error`.
 """
@@ -70,6 +76,15 @@ GUARDED: dict[str, tuple[str, str, str]] = {
         f'{_P}yaml_unmarshal(s) := null if s == ""\n'
         f'{_P}yaml_unmarshal(s) := yaml.unmarshal(s) if s != ""\n',
         '`yaml.unmarshal("")` is null, as in OPA',
+    ),
+    "sprintf": (
+        f"{_P}sprintf",
+        f"{_P}sprintf(f, args) := sprintf(f, [{_P}str(a) | some a in args]) if is_array(args)\n"
+        f"{_P}sprintf(f, args) := sprintf(f, args) if not is_array(args)\n"
+        f'{_P}str(x) := trim_prefix(x, "") if is_string(x)\n'
+        f"{_P}str(x) := x if not is_string(x)\n",
+        "string arguments are passed as plain strings (rego-cpp printed the results of `concat`, "
+        "`upper`, `lower`, `replace`, `format_int`, … with their quotes)",
     ),
     "yaml.is_valid": (
         f"{_P}yaml_is_valid",
