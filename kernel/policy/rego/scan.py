@@ -203,8 +203,7 @@ def scan_module(source: str) -> ModuleScan:
                 and (tok.text not in _KEYWORDS or tok.text == "contains")
             ):
                 calls.append(Call(".".join(parts), tok.line, tok.col))
-                # guards.py routes sprintf through a helper: its format is checked all the same.
-                if parts in (["sprintf"], ["__regent_guard_sprintf"]) and j + 1 < n and toks[j + 1].kind in ("str", "raw"):
+                if parts == ["sprintf"] and j + 1 < n and toks[j + 1].kind in ("str", "raw"):
                     fmt = toks[j + 1]
                     formats.append((fmt.line, fmt.col, fmt.text[1:-1]))
             if (
