@@ -154,19 +154,24 @@ def stream_hooks(settings: Settings, store: SqlStore) -> list[Any]:
 
 def build_judge(settings: Settings, manifest: Manifest | None, env: Mapping[str, str]) -> Any:
     """The judge port: the deployment's provider (REGENT_JUDGE_PROVIDER, else the manifest's
-    `judge_provider`) and per-agent ones from the manifest; none at all: NoJudge."""
+    `judge_provider`, else the built-in TypeSafe provider when an API key is set:
+    REGENT_JUDGE_API_KEY or upstream's REBUNO_TYPESAFE_API_KEY) and per-agent ones from the
+    manifest; none at all: NoJudge."""
     from kernel.core.ports import NoJudge
-    from kernel.judge import HttpJudge, JudgeLimits, load_provider
+    from kernel.judge import HttpJudge, JudgeLimits, load_provider, typesafe_provider
 
     default_path = settings.judge_provider or (manifest.judge_provider if manifest else None)
     per_agent = {a.id: load_provider(a.judge_provider, env)
                  for a in (manifest.agents if manifest else ()) if a.judge_provider is not None}
-    if default_path is None and not per_agent:
+    api_key = (settings.judge_api_key.get_secret_value() if settings.judge_api_key else "") or env.get(
+        "REBUNO_TYPESAFE_API_KEY", "")
+    if default_path is None and not per_agent and not api_key:
         return NoJudge()
     limits = JudgeLimits(timeout_seconds=settings.judge_timeout, concurrency=settings.judge_concurrency,
                          breaker_failures=settings.judge_breaker_failures,
                          breaker_reset_seconds=settings.judge_breaker_reset)
-    default = load_provider(default_path, env) if default_path else None
+    default = (load_provider(default_path, env) if default_path
+               else typesafe_provider(api_key, settings.judge_url) if api_key else None)
     return HttpJudge(default, per_agent, limits, mask=_args_mask(settings.decision_log_mask))
 
 

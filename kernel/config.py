@@ -174,6 +174,10 @@ class Settings(BaseSettings):
     console_session_ttl: float = 8 * 3600.0
     # Judge (the `judge` decision's model; docs/judge.md)
     judge_provider: str | None = None  # provider file; the manifest may name one per agent
+    # Upstream's configuration: an API key alone gives the built-in TypeSafe provider (a provider
+    # file wins); REBUNO_TYPESAFE_API_KEY, upstream's variable, is read when this is unset.
+    judge_api_key: SecretStr | None = None
+    judge_url: str = "https://api.typesafe.ai/v1/systemone"
     judge_timeout: float = Field(default=5.0, gt=0)
     judge_concurrency: int = Field(default=8, ge=1, le=1024)
     judge_breaker_failures: int = Field(default=5, ge=1)

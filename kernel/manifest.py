@@ -20,6 +20,7 @@ from kernel.core.agents import MIN_LEASE_SECONDS, register_agent, validate_agent
 from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
 from kernel.errors import ConfigError
 from kernel.errors import ValidationError as FieldError
+from kernel.yamldoc import SafeLoader12
 
 log = logging.getLogger("kernel.manifest")
 
@@ -122,7 +123,7 @@ class _Parser:
         self.path = path
         self.base = path.resolve().parent
         self.warnings: list[str] = []
-        self._constructor = yaml.SafeLoader("")
+        self._constructor = SafeLoader12("")
 
     def fail(self, node: Node | None, reason: str) -> ConfigError:
         line = f":{node.start_mark.line + 1}" if node is not None else ""
@@ -130,7 +131,7 @@ class _Parser:
 
     def manifest(self) -> Manifest:
         try:
-            root = yaml.compose(self.text, Loader=yaml.SafeLoader)
+            root = yaml.compose(self.text, Loader=SafeLoader12)
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             where = f":{mark.line + 1}" if mark is not None else ""
@@ -176,7 +177,10 @@ class _Parser:
     def scalar(self, node: Node, key: str) -> object:
         if not isinstance(node, ScalarNode):
             raise self.fail(node, f"`{key}` must be a single value")
-        return self._constructor.construct_object(node, deep=True)
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:  # a number YAML 1.1 and 1.2 read differently, 1e400
+            raise self.fail(node, f"`{key}`: {getattr(exc, 'problem', None) or exc}") from None
 
     def string(self, node: Node, key: str) -> str:
         value = self.scalar(node, key)

@@ -89,3 +89,57 @@ def test_a_bundle_whose_data_would_blow_up_is_refused(name: str, text: str, matc
     with pytest.raises(ValidationError, match="cannot be parsed for hashing"):
         hashed_bytes(name, text.encode())
     assert json.loads(hashed_bytes("data.json", b'{"b": [1, 2]}')) == {"b": [1, 2]}
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("1e6", 1e6), ("1E3", 1000.0), ("-2.5e-3", -0.0025), (".5", 0.5), ("1.", 1.0), ("1.0e+6", 1e6),
+    ("0x1F", 31), ("12345678901234567890", 12345678901234567890), ("-0", 0), (".inf", float("inf")),
+    ("'1e6'", "1e6"), ("\"017\"", "017"), ("1e-400", 0.0),
+])
+def test_numbers_are_read_as_yaml_1_2_reads_them(text: str, value: object) -> None:
+    assert safe_load(f"a: {text}") == {"a": value}
+
+
+@pytest.mark.parametrize("text", ["017", "08", "0o17", "0b101", "1_000", "1_000.5", "12:30", "-0x_1"])
+def test_a_scalar_yaml_1_1_and_1_2_read_differently_is_refused_with_its_line(text: str) -> None:
+    with pytest.raises(Exception, match=r"read as different values by YAML 1\.1 and YAML 1\.2") as info:
+        safe_load(f"x: 1\na: {text}\n")
+    assert info.value.problem_mark.line + 1 == 2  # type: ignore[attr-defined]
+
+
+def test_a_number_beyond_float64_is_refused() -> None:
+    with pytest.raises(Exception, match="1e400 is beyond float64's range"):
+        safe_load("a: 1e400")
+
+
+def test_case_files_read_exponents_as_numbers_and_name_the_line_of_an_ambiguous_one() -> None:
+    [case] = parse_cases("cases:\n  - {name: big, target: pay, args: {amount: 1e6}, expect: allow}\n")
+    assert case.args == {"amount": 1e6}
+    with pytest.raises(ValidationError, match=r"^cases.yaml:3: 017 is read as different values"):
+        parse_cases("cases:\n  - name: octal\n    args: {amount: 017}\n    target: pay\n", source="cases.yaml")
+
+
+def test_data_yaml_reads_exponents_as_numbers() -> None:
+    tar = _tarball({"data.yaml": "limits:\n  max: 1e6\n", "p.rego": "package limits\nimport rego.v1\nx := 1\n"})
+    assert parse_rego_tarball(tar).data == {"limits": {"max": 1e6}}
+
+
+def test_yaml_bundles_compare_an_exponent_bound_as_a_number() -> None:
+    from kernel.domain.decision import PolicyInput
+    from kernel.policy.yaml import compile_yaml_bundle
+
+    bundle = compile_yaml_bundle("rules:\n  - id: big\n    when:\n      target: pay\n      arguments:\n"
+                                 "        amount: {type: number, gt: 1e6}\n    then: {decision: allow}\n", revision="r")
+    pay = [PolicyInput(agent_id="a", kind="tool_call", target="pay", args={"amount": a}) for a in (2e6, 5)]
+    assert [bundle.evaluate(p).rule_id for p in pay] == ["big", "default"]
+
+
+def test_a_manifest_refuses_an_ambiguous_number_with_file_and_line(tmp_path: pytest.TempPathFactory) -> None:
+    from kernel.errors import ConfigError
+    from kernel.manifest import load_manifest
+
+    path = tmp_path / "regent.yaml"  # type: ignore[operator]
+    path.write_text("agents:\n  - id: a\n    webhook_url: http://127.0.0.1:1/w\n    secret: s\n"
+                    "    lease_timeout_seconds: 0600\n")
+    with pytest.raises(ConfigError, match=r"regent.yaml:5"):
+        load_manifest(path, {})

@@ -198,6 +198,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                     from kernel.policy.rego.gate import rewrite_notes
 
                     row["notes"] = rewrite_notes(b.compiled.bundle)
+                    row["warnings"] = rego_warnings(b)
             except ValidationError as exc:
                 row["ok"] = False
                 row["problems"] = [line for line in exc.message.splitlines() if line.strip()]
@@ -218,9 +219,21 @@ def cmd_check(args: argparse.Namespace) -> int:
         for note in r.get("notes", []):
             out.print(f"  {note} (rewritten at load)", style="cyan", markup=False, highlight=False)
         for w in r["warnings"]:
-            out.print(f"  {w['file']}:{w['line']}: warning: rule \"{w['rule_id']}\": {w['message']}",
+            rule = f"rule \"{w['rule_id']}\": " if w["rule_id"] else ""
+            out.print(f"  {w['file']}:{w['line']}: warning: {rule}{w['message']}",
                       style="yellow", markup=False, highlight=False)
     return 1 if bad else 0
+
+
+def rego_warnings(b: Any) -> list[dict[str, Any]]:
+    """`policy check` warnings for a Rego bundle: literal times rego-cpp cannot parse."""
+    from kernel.policy.rego.timelint import time_literal_lints
+
+    bundle = b.compiled.bundle
+    authored = dict(bundle.modules)  # the author's text: b.modules has idioms.py's rewrites applied
+    lints = time_literal_lints(authored, {m: bundle.display_path(m) for m in authored})
+    return [{"code": x.code, "file": x.file, "line": x.line, "col": x.col, "rule_id": "", "message": x.message}
+            for x in lints]
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

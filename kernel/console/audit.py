@@ -9,7 +9,7 @@ import io
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from kernel.api.threads import call
+from kernel.console.policies import source_files
 from kernel.console.web import (
     SECURITY_HEADERS,
     ConsoleRoute,
@@ -35,7 +36,6 @@ from kernel.errors import ValidationError
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
 SCOPE = "decisions:read"
 PAGE_SIZE = 50
-EXPORT_MAX_ROWS = 1_000_000  # one export's bound; narrow the filters for more
 # The shortcuts the decision filter offers besides the outcomes: kernel rule ids an auditor looks for.
 RULE_SHORTCUTS = {"eval-error": "eval-error", "bundle-error": "bundle-error"}
 # What the v0 API answered the agent for an outcome whose name differs (rebuno-v0 §5): the search
@@ -150,6 +150,33 @@ def chart(counts: decisions.DecisionCounts) -> Chart:
     return Chart(width, height, max(slot - 2, 1), bars, ticks, top, sum(per), span, _per(counts.width))
 
 
+def window(query: decisions.DecisionQuery, now: datetime) -> tuple[datetime, datetime]:
+    """The time window the page, its chart and its exports all cover: the search's from/to;
+    from alone runs to now (the second after it, so what was decided this instant is in), to
+    alone reaches 24 hours back; neither is the last 24 whole hours."""
+    since, until = query.since, query.until
+    if since is None and until is None:
+        return decisions.default_range(now)
+    if since is None:
+        assert until is not None
+        return until - timedelta(hours=24), until
+    return since, until if until is not None else _pin(now, now)
+
+
+def _windowed(query: decisions.DecisionQuery, since: datetime, until: datetime) -> decisions.DecisionQuery:
+    return decisions.DecisionQuery(**{**_fields(query), "since": since, "until": until})
+
+
+def _pin(until: datetime, now: datetime) -> datetime:
+    """A window's end as an export keeps it: no later than the whole second after now (so what
+    was decided up to the moment the page was drawn is in, and what comes later is not)."""
+    return min(until, now.replace(microsecond=0) + timedelta(seconds=1))
+
+
+def _stamp(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 @router.get("/console/audit")
 async def audit_page(request: Request) -> Response:
     v = await viewer(request)
@@ -158,18 +185,26 @@ async def audit_page(request: Request) -> Response:
     # A search the page cannot run (a bad time, an unknown or ambiguous bundle) is said above the
     # form, which keeps what was typed, instead of a page without the form.
     error, status = "", 200
+    now = k.clock.now()
+    span: tuple[datetime, datetime] | None = None
     try:
         query, fields = await query_of(request)
-        result = await call(decisions.list_decisions, k, query)
+        span = window(query, now)
+        result = await call(decisions.list_decisions, k, _windowed(query, *span))
     except ValidationError as exc:
         error, status = exc.message.removeprefix("validation error: "), 400
         fields = {key: request.query_params.get(key, "").strip()[:1024] for key in FIELDS}
         result = decisions.DecisionPage()
     known = await call(agents.list_agents, k)
-    export = urlencode({key: value for key, value in fields.items() if value})
+    search = {key: value for key, value in fields.items() if value}
+    export = urlencode(search)
+    # The exports get the window pinned as the page drew it (its end no later than the second
+    # after now), so the file holds what this page lists and charts, whenever it is downloaded.
+    pinned = urlencode({**search, "from": _stamp(span[0]), "to": _stamp(_pin(span[1], now))}) if span else export
     return page(request, v, "audit.html", status=status, section="audit", result=result, fields=fields,
                 agents=[a.id for a in known], outcomes=[o.value for o in DecisionOutcome],
-                shortcuts=list(RULE_SHORTCUTS), export=export, outcome_styles=OUTCOMES,
+                shortcuts=list(RULE_SHORTCUTS), export=export, pinned=pinned, span=span,
+                default_window=not (fields["from"] or fields["to"]), outcome_styles=OUTCOMES,
                 wire=WIRE_ANSWERS, timeline_page=timeline.TIMELINE_EVENTS, error=error)
 
 
@@ -181,38 +216,53 @@ async def chart_svg(request: Request) -> Response:
     require(v, SCOPE)
     query, _ = await query_of(request, cursor=False)
     k = kernel_of(request)
-    since, until = query.since, query.until
-    if since is None and until is None:
-        since, until = decisions.default_range(k.clock.now())
-    elif since is None:
-        assert until is not None
-        since = until - timedelta(hours=24)
-    elif until is None:
-        until = k.clock.now()
+    since, until = window(query, k.clock.now())
     counts = await call(decisions.count_decisions, k, query, since, until)
     svg = templates.get_template("_chart.svg").render(chart=chart(counts))
     return finish(request, Response(svg, media_type="image/svg+xml"))
 
 
-async def _rows(request: Request, query: decisions.DecisionQuery) -> AsyncIterator[dict[str, Any]]:
-    """The export's rows, page by page. The first page is read here, before the response starts,
-    so a search the store refuses (an unknown decision, a bad cursor) is a 400 with its message
-    rather than a stream cut off after its headers; the rest are read as the stream is sent."""
+@dataclass(slots=True)
+class Export:
+    """One export: what it covers (said in the file's first line) and the rows, streamed page by
+    page on the keyset cursor until the window is exhausted — never cut at a row count."""
+
+    about: dict[str, Any]
+    first: decisions.DecisionPage
+    query: decisions.DecisionQuery
+    rows: int = 0
+
+
+async def _export(request: Request) -> Export:
+    """The export's window and first page. The window is the page's (`window`), its end pinned
+    (`_pin`) when it lies ahead, so rows decided while the file streams are not half in it. The
+    first page is read here, before the response starts, so a search the store refuses (an
+    unknown decision, a bad cursor) is a 400 with its message rather than a stream cut off
+    after its headers."""
     k = kernel_of(request)
+    query, fields = await query_of(request, limit=decisions.MAX_PAGE, cursor=False)
+    now = k.clock.now()
+    since, until = window(query, now)
+    until = _pin(until, now)
+    query = _windowed(query, since, until)
     first = await call(decisions.list_decisions, k, query)
+    about = {"kind": "regent.decisions", "from": _stamp(since), "to": _stamp(until),
+             "filters": {key: value for key, value in fields.items() if value and key not in ("from", "to")},
+             "order": "newest first", "generated_at": _stamp(now)}
+    return Export(about, first, query)
 
-    async def pages() -> AsyncIterator[dict[str, Any]]:
-        result, sent = first, 0
-        while True:
-            for r in result.decisions:
-                yield decisions.decision_json(r)
-            sent += len(result.decisions)
-            if not result.next_cursor or sent >= EXPORT_MAX_ROWS:
-                return
-            q = decisions.DecisionQuery(**{**_fields(query), "cursor": result.next_cursor})
-            result = await call(decisions.list_decisions, k, q)
 
-    return pages()
+async def _records(request: Request, ex: Export) -> AsyncIterator[dict[str, Any]]:
+    k = kernel_of(request)
+    result = ex.first
+    while True:
+        for r in result.decisions:
+            ex.rows += 1
+            yield decisions.decision_json(r)
+        if not result.next_cursor:
+            return
+        q = decisions.DecisionQuery(**{**_fields(ex.query), "cursor": result.next_cursor})
+        result = await call(decisions.list_decisions, k, q)
 
 
 def _fields(q: decisions.DecisionQuery) -> dict[str, Any]:
@@ -223,16 +273,23 @@ def _export_headers(name: str) -> dict[str, str]:
     return {**SECURITY_HEADERS, "Content-Disposition": f'attachment; filename="{name}"'}
 
 
+def _line(value: Any) -> bytes:
+    return (json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
 @router.get("/console/audit/export.jsonl")
 async def export_jsonl(request: Request) -> Response:
+    """JSON lines: `{"regent_export": {...what it covers}}`, one decision record per line, then
+    `{"regent_export_end": {"rows": N, "complete": true}}` (a file without it was cut short)."""
     v = await viewer(request)
     require(v, SCOPE)
-    query, _ = await query_of(request, limit=decisions.MAX_PAGE, cursor=False)
-    rows = await _rows(request, query)
+    ex = await _export(request)
 
     async def lines() -> AsyncIterator[bytes]:
-        async for row in rows:
-            yield (json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        yield _line({"regent_export": ex.about})
+        async for row in _records(request, ex):
+            yield _line(row)
+        yield _line({"regent_export_end": {"rows": ex.rows, "complete": True}})
 
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers=_export_headers("decisions.jsonl"))
 
@@ -243,23 +300,46 @@ def _csv_cell(value: Any) -> str:
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
+def _comment(about: dict[str, Any]) -> str:
+    # The filters as JSON: a value holding a line break cannot start a line of its own.
+    filters = json.dumps(about["filters"], ensure_ascii=False, sort_keys=True) if about["filters"] else "none"
+    return (f"# regent decisions export: decided_at from {about['from']} (inclusive) to {about['to']} (exclusive), UTC;"
+            f" filters: {filters}; {about['order']}; generated at {about['generated_at']}\r\n")
+
+
 @router.get("/console/audit/export.csv")
 async def export_csv(request: Request) -> Response:
+    """CSV: a `#` line saying what the file covers, the header, a row per decision, and a last
+    `# end of export: N rows, complete` line (a file without it was cut short)."""
     v = await viewer(request)
     require(v, SCOPE)
-    query, _ = await query_of(request, limit=decisions.MAX_PAGE, cursor=False)
-    rows = await _rows(request, query)
+    ex = await _export(request)
 
     async def lines() -> AsyncIterator[bytes]:
         buf = io.StringIO()
+        buf.write(_comment(ex.about))
         w = csv.writer(buf)
         w.writerow(CSV_COLUMNS)
-        async for row in rows:
+        async for row in _records(request, ex):
             w.writerow([_csv_cell(row.get(c)) for c in CSV_COLUMNS])
             if buf.tell() > 64 * 1024:
                 yield buf.getvalue().encode()
                 buf.seek(0)
                 buf.truncate()
+        buf.write(f"# end of export: {ex.rows} rows, complete\r\n")
         yield buf.getvalue().encode()
 
     return StreamingResponse(lines(), media_type="text/csv; charset=utf-8", headers=_export_headers("decisions.csv"))
+
+
+@router.get("/console/audit/bundle/{agent_id}/{policy_hash}")
+async def bundle_page(agent_id: str, policy_hash: str, request: Request) -> Response:
+    """The exact bundle behind a recorded `policy_hash` (the API's GET
+    /v0/policies/{agent}/revisions/{hash}), for an auditor as for who writes policy."""
+    v = await viewer(request)
+    require(v, any_of=(SCOPE, "policies:write"))
+    k = kernel_of(request)
+    r = await call(policies.revision_by_hash, k, agent_id, policy_hash)
+    active = await call(policies.list_revisions, k, agent_id)
+    return page(request, v, "bundle.html", section="audit", r=r, files=source_files(r),
+                stored=[x for x in active if x.content_hash == r.content_hash])

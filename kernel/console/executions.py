@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -35,24 +37,37 @@ def _uuid(value: str, what: str) -> str:
         raise ValidationError(f"validation error: {what} {value!r} is not a UUID") from None
 
 
+FIELDS = ("q", "agent_id", "status", "from", "to")  # the list's search form
+
+
 @router.get("/console/executions")
 async def list_page(request: Request) -> Response:
     v = await viewer(request)
     require(v, "executions:read")
     q = request.query_params
-    status = q.get("status") or None
-    if status is not None and status not in {s.value for s in ExecutionStatus}:
-        raise ValidationError(f"validation error: unknown status {status!r}")
-    cursor = _uuid(q["cursor"], "cursor") if q.get("cursor") else None
-    agent_id = q.get("agent_id") or None
+    filters = {key: q.get(key, "").strip()[:1024] for key in FIELDS}
     k = kernel_of(request)
-    result = await call(timeline.execution_page, k, agent_id=agent_id, status=status,
-                        created_from=time_field(q.get("from"), "from"), created_to=time_field(q.get("to"), "to"),
-                        cursor=cursor, limit=PAGE_SIZE)
+    # A search the page cannot run (a date that is not one, an id that cannot be) is said above
+    # the form, which keeps what was typed, instead of an error page without the form.
+    error, status_code = "", 200
+    try:
+        status = filters["status"] or None
+        if status is not None and status not in {s.value for s in ExecutionStatus}:
+            raise ValidationError(f"validation error: unknown status {status!r}")
+        cursor = _uuid(q["cursor"], "cursor") if q.get("cursor") else None
+        newer = _uuid(q["newer"], "cursor") if q.get("newer") else None
+        result = await call(timeline.execution_page, k, agent_id=filters["agent_id"] or None, status=status,
+                            created_from=time_field(filters["from"], "from"), created_to=time_field(filters["to"], "to"),
+                            cursor=cursor, newer_than=newer, id_starts=filters["q"] or None, limit=PAGE_SIZE)
+    except ValidationError as exc:
+        error, status_code = exc.message.removeprefix("validation error: "), 400
+        counts = await call(timeline.execution_page, k, agent_id=None, status=None, created_from=None,
+                            created_to=None, cursor=None, limit=1)
+        result = timeline.ExecutionPage([], None, counts.counts)
     known = await call(agents.list_agents, k)
-    filters = {key: q.get(key, "") for key in ("agent_id", "status", "from", "to")}
-    return page(request, v, "executions.html", section="executions", page=result, filters=filters,
-                agents=[a.id for a in known], statuses=[s.value for s in ExecutionStatus])
+    here = urlencode({key: value for key, value in filters.items() if value})
+    return page(request, v, "executions.html", status=status_code, section="executions", page=result, filters=filters,
+                agents=[a.id for a in known], statuses=[s.value for s in ExecutionStatus], error=error, here=here)
 
 
 def _after(request: Request) -> int:

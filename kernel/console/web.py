@@ -46,6 +46,11 @@ def _when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
 
 
+def _iso(value: datetime | None) -> str:
+    """A time for a `datetime` attribute (the page's script shows it in the browser's zone on hover)."""
+    return "" if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def _pretty(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True)
 
@@ -82,7 +87,7 @@ templates = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-templates.filters.update(when=_when, pretty=_pretty, compact=_compact, preview=_preview, duration=_duration, urlquote=quote)
+templates.filters.update(when=_when, iso=_iso, pretty=_pretty, compact=_compact, preview=_preview, duration=_duration, urlquote=quote)
 
 
 class SignInRequired(Exception):

@@ -3,6 +3,7 @@ timeline (its events in order, each step folded into one row with its decision a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -25,26 +26,54 @@ _DECISIONS = {
 @dataclass(frozen=True, slots=True)
 class ExecutionPage:
     executions: list[Execution]
-    next_cursor: str | None
+    next_cursor: str | None  # older executions: pass as `cursor`
     counts: dict[str, int]  # status → executions (of the agent filter, all time)
+    prev_cursor: str | None = None  # newer executions: pass as `newer_than`
+
+
+_ID_PREFIX = re.compile(r"[0-9a-f-]{1,36}")
+
+
+def id_prefix(text: str) -> str:
+    """An execution id or the first characters of one, as typed into the search (any case,
+    surrounding spaces dropped); ValidationError for anything an id cannot start with."""
+    t = text.strip().lower()
+    if not _ID_PREFIX.fullmatch(t):
+        raise ValidationError("validation error: an execution id (or its first characters) is hex digits and hyphens")
+    return t
 
 
 def execution_page(
     k: Kernel, *, agent_id: str | None, status: str | None, created_from: datetime | None,
-    created_to: datetime | None, cursor: str | None, limit: int,
+    created_to: datetime | None, cursor: str | None, limit: int, newer_than: str | None = None,
+    id_starts: str | None = None,
 ) -> ExecutionPage:
-    """Newest first, keyset-paged on the (time-ordered) id."""
+    """Newest first, keyset-paged on the (time-ordered) id both ways: `cursor` → the older page
+    after it, `newer_than` → the newer page before it. `id_starts`: ids starting with it."""
     if limit < 1:
         raise ValidationError("validation error: limit must be >= 1")
     if agent_id is not None:
         check_text(agent_id, "agent id")
+    prefix = id_prefix(id_starts) if id_starts else None
+    filters: dict[str, Any] = {"created_from": created_from, "created_to": created_to, "id_prefix": prefix}
     with k.store.read() as tx:
-        rows = tx.list_executions(agent_id, status, cursor, limit + 1, created_from=created_from,
-                                  created_to=created_to)
+        if newer_than is not None:
+            rows = tx.list_executions(agent_id, status, None, limit + 1, newer_than=newer_than, **filters)
+            newer = len(rows) > limit
+            rows = rows[1:] if newer else rows
+            older = bool(rows) and bool(tx.list_executions(agent_id, status, rows[-1].id, 1, **filters))
+            if not rows:  # nothing newer any more: the first page
+                return execution_page(k, agent_id=agent_id, status=status, created_from=created_from,
+                                      created_to=created_to, cursor=None, limit=limit, id_starts=id_starts)
+        else:
+            rows = tx.list_executions(agent_id, status, cursor, limit + 1, **filters)
+            older = len(rows) > limit
+            rows = rows[:limit]
+            newer = cursor is not None and bool(rows) and bool(
+                tx.list_executions(agent_id, status, None, 1, newer_than=rows[0].id, **filters))
         counts = tx.count_executions_by_status(agent_id)
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return ExecutionPage(rows, rows[-1].id if more and rows else None, counts)
+    return ExecutionPage(rows, rows[-1].id if older and rows else None, counts,
+                         rows[0].id if newer and rows else None)
 
 
 @dataclass(slots=True)

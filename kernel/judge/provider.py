@@ -30,7 +30,8 @@ from kernel.errors import ConfigError
 from kernel.judge.template import Template, TemplateError
 from kernel.policy.duration import DurationError, parse_duration
 
-__all__ = ["JudgeProvider", "load_provider", "parse_provider"]
+__all__ = ["TYPESAFE_KEY_VARIABLES", "TYPESAFE_URL", "JudgeProvider", "load_provider", "parse_provider",
+           "typesafe_provider"]
 
 _KEYS = frozenset({"url", "headers", "body", "probabilities", "timeout"})
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -112,3 +113,35 @@ def load_provider(path: str | Path, env: Mapping[str, str]) -> JudgeProvider:
     except UnicodeDecodeError:
         raise ConfigError(f"judge provider {p}: not UTF-8") from None
     return parse_provider(text, env, source=str(p))
+
+
+# Upstream Rebuno's built-in judge (internal/policy/judge.go, NewJudge): TypeSafe's jev model at a
+# fixed endpoint, configured by nothing but an API key (REBUNO_TYPESAFE_API_KEY).
+TYPESAFE_URL = "https://api.typesafe.ai/v1/systemone"
+TYPESAFE_KEY_VARIABLES = ("REGENT_JUDGE_API_KEY", "REBUNO_TYPESAFE_API_KEY")
+_TYPESAFE_BODY = """{
+  "model": "jev-latest",
+  "state": {"tool_call": {{json .ToolCall}} },
+  "questions": {
+    "decision": {
+      "type": "choice",
+      "instructions": {{if .Instructions}}{"question": {{json .Question}}, "note": {{json .Instructions}} }{{else}}{{json .Question}}{{end}},
+      "criteria": {{json .Criteria}}
+    }
+  }
+}
+"""
+
+
+def typesafe_provider(api_key: str, url: str = TYPESAFE_URL) -> JudgeProvider:
+    """The provider upstream builds from an API key alone: the body it sends, `Authorization:
+    Bearer <key>`, and the probabilities at answers.decision.probabilities."""
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError("REGENT_JUDGE_URL must be an http:// or https:// URL")
+    return JudgeProvider(
+        url=url,
+        body=Template(_TYPESAFE_BODY),
+        probabilities=("answers", "decision", "probabilities"),
+        headers={"Authorization": f"Bearer {api_key}"},
+        source="the API key (TypeSafe)",
+    )

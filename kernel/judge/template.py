@@ -145,7 +145,10 @@ def _render(nodes: tuple[Any, ...], data: Mapping[str, Any], out: list[str], bud
         elif isinstance(node, _Value):
             value = _lookup(data, node.path)
             if node.as_json:
-                piece = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+                try:  # NaN and infinities are not JSON: a request holding one is not sent
+                    piece = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+                except ValueError:
+                    raise TemplateError("the judge request would hold a number that is not finite") from None
             else:
                 piece = "<no value>" if value is None else value if isinstance(value, str) else json.dumps(value)
         else:

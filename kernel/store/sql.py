@@ -280,8 +280,12 @@ class Tx(StepQueries, DispatchQueries, AuditQueries, SessionQueries, ResourceQue
     def list_executions(
         self, agent_id: str | None, status: str | None, cursor: str | None, limit: int,
         created_from: datetime | None = None, created_to: datetime | None = None,
-        session: str | None = None, parent: str | None = None,
+        session: str | None = None, parent: str | None = None, newer_than: str | None = None,
+        id_prefix: str | None = None,
     ) -> list[Execution]:
+        """Newest first (ids are time-ordered), after `cursor`; or, with `newer_than`, the `limit`
+        executions just newer than it (still newest first). `id_prefix` (lowercase hex and
+        hyphens) is read as a range on the primary key, then matched exactly."""
         q = select(t.executions)
         if agent_id is not None:
             q = q.where(t.executions.c.agent_id == agent_id)
@@ -297,6 +301,13 @@ class Tx(StepQueries, DispatchQueries, AuditQueries, SessionQueries, ResourceQue
             q = q.where(t.executions.c.created_at >= created_from)
         if created_to is not None:
             q = q.where(t.executions.c.created_at < created_to)
+        if id_prefix:
+            q = q.where(t.executions.c.id >= id_prefix, t.executions.c.id.startswith(id_prefix, autoescape=True))
+            if (bound := _successor(id_prefix)) is not None:
+                q = q.where(t.executions.c.id < bound)
+        if newer_than is not None:
+            q = q.where(t.executions.c.id > newer_than).order_by(t.executions.c.id).limit(limit)
+            return [codec.to_execution(r) for r in self.conn.execute(q).all()][::-1]
         q = q.order_by(t.executions.c.id.desc()).limit(limit)
         return [codec.to_execution(r) for r in self.conn.execute(q).all()]
 
@@ -365,3 +376,16 @@ class Tx(StepQueries, DispatchQueries, AuditQueries, SessionQueries, ResourceQue
 
 
 __all__ = ["Tx"]
+
+
+def _successor(prefix: str) -> str | None:
+    """The least string above every id that starts with `prefix` (hex digits and hyphens), for
+    an index range: its last hex digit raised by one (f carries left); None when it cannot be
+    (all f, or a carry into a hyphen): the LIKE alone then bounds the range."""
+    head = prefix.rstrip("-")
+    while head and head[-1] == "f":
+        head = head[:-1]
+    if not head or head[-1] == "-":
+        return None
+    last = head[-1]
+    return head[:-1] + ("a" if last == "9" else chr(ord(last) + 1))

@@ -185,6 +185,44 @@ class DispatchQueries(TxPart):
             q = q.limit(limit)
         return [codec.to_approval(r) for r in self.conn.execute(q).all()]
 
+    def pending_approvals_page(
+        self, filters: dict[str, str], *, newest_first: bool, beyond: tuple[datetime, str] | None,
+        backwards: bool, limit: int,
+    ) -> list[Approval]:
+        """Pending approvals in (created_at, id) order, oldest first unless `newest_first`, equal
+        to `filters` (agent_id, target, rule_id): the `limit` rows after the key `beyond` in that
+        order, or, `backwards`, the `limit` rows before it (still returned in page order). Reads
+        the (status, created_at) index, so a page costs the same at any backlog."""
+        c = t.approvals.c
+        q = self._approvals_with_args().where(c.status == "pending")
+        for name, value in filters.items():
+            q = q.where(c[name] == value)
+        ascending = newest_first == backwards  # the direction this query walks the index
+        if beyond is not None:
+            at, aid = beyond
+            later = (c.created_at > at) | ((c.created_at == at) & (c.id > aid))
+            earlier = (c.created_at < at) | ((c.created_at == at) & (c.id < aid))
+            q = q.where(later if ascending else earlier)
+        order = (c.created_at, c.id) if ascending else (c.created_at.desc(), c.id.desc())
+        rows = [codec.to_approval(r) for r in self.conn.execute(q.order_by(*order).limit(limit)).all()]
+        return rows[::-1] if backwards else rows
+
+    def count_pending_approvals(self, filters: dict[str, str]) -> dict[str, int]:
+        """Pending approvals per agent ("" for one asked before approvals recorded their agent)."""
+        c = t.approvals.c
+        q = select(c.agent_id, func.count()).where(c.status == "pending")
+        for name, value in filters.items():
+            q = q.where(c[name] == value)
+        return {str(agent or ""): int(n) for agent, n in self.conn.execute(q.group_by(c.agent_id)).all()}
+
+    def approvals_stamp(self) -> tuple[int, str, str]:
+        """What changes whenever the inbox would: (pending count, newest pending id, latest
+        decision time), for the inbox's poll."""
+        c = t.approvals.c
+        n, newest = self.conn.execute(select(func.count(), func.max(c.id)).where(c.status == "pending")).one()
+        decided = self.conn.execute(select(func.max(c.decided_at))).scalar()
+        return int(n), str(newest or ""), decided.isoformat() if decided is not None else ""
+
     def recently_decided_approvals(self, limit: int) -> list[Approval]:
         """Granted, denied or expired approvals, the latest decided first."""
         q = (

@@ -381,12 +381,14 @@ def test_a_denied_step_is_found_by_the_audit_search_and_is_in_both_exports(ck: C
     shot(page, "audit-search")
     status, ctype, body = page.evaluate(fetch, page.locator("#export-jsonl").get_attribute("href"))
     assert status == 200 and ctype.startswith("application/x-ndjson")
-    exported = [json.loads(line) for line in body.splitlines()]
+    head, *exported, end = [json.loads(line) for line in body.splitlines()]  # what it covers, the rows, their count
+    assert head["regent_export"]["filters"] == {"decision": "denied", "target": "fs_delete"}
+    assert end == {"regent_export_end": {"rows": len(exported), "complete": True}}
     assert any(r["execution_id"] == eid and r["decision"] == "denied" and r["rule_id"] == "default" for r in exported)
     assert {r["target"] for r in exported} == {"fs_delete"}
     status, ctype, body = page.evaluate(fetch, page.locator("#export-csv").get_attribute("href"))
     assert status == 200 and ctype.startswith("text/csv")
-    table = list(csv.DictReader(io.StringIO(body)))
+    table = list(csv.DictReader(io.StringIO("".join(line for line in body.splitlines(True) if not line.startswith("#")))))
     assert any(r["execution_id"] == eid and r["decision"] == "denied" for r in table)
     page.goto(f"{ck.url}/console/audit")  # every outcome the module's executions met, for the docs
     page.wait_for_function("document.getElementById('chart-image').complete")

@@ -53,6 +53,19 @@ def test_a_nul_in_the_executions_filter_is_a_400(server: ServerThread) -> None:
     assert r.status_code == 400 and "NUL" in r.text, r.text[:300]
 
 
+@pytest.mark.parametrize("query", [f"agent_id={NUL}", f"target=a{NUL}", f"rule_id={NUL}", "after=not-a-cursor",
+                                   "before=" + "A" * 60])
+def test_a_filter_or_cursor_the_inbox_cannot_use_is_a_400_above_the_inbox(server: ServerThread, query: str) -> None:
+    r = _get(server, f"/console/approvals?{query}")
+    assert r.status_code == 400 and 'id="decide-error"' in r.text and 'id="inbox"' in r.text, r.text[:300]
+
+
+@pytest.mark.parametrize("query", ["q=not-hex", "q=" + "0" * 37, "newer=nope", f"from={NUL}"])
+def test_a_search_the_executions_list_cannot_run_is_a_400_above_the_form(server: ServerThread, query: str) -> None:
+    r = _get(server, f"/console/executions?{query}")
+    assert r.status_code == 400 and 'id="search-error"' in r.text and 'id="executions-search"' in r.text, r.text[:300]
+
+
 @pytest.mark.parametrize("export", ["export.jsonl", "export.csv"])
 def test_an_export_the_search_refuses_is_a_400_before_the_stream_starts(server: ServerThread, export: str) -> None:
     # Before: the unknown decision was found while streaming, after the 200's headers, and the
@@ -72,11 +85,14 @@ def test_an_export_still_streams_every_matching_row(server: ServerThread, runnin
         assert agent_client.submit(eid, "shell.run", {"i": i}).json()["decision"] == "proceed"
     jsonl = _get(server, f"/console/audit/export.jsonl?execution_id={eid}")
     assert jsonl.status_code == 200, jsonl.text[:300]
-    rows = [json.loads(line) for line in jsonl.text.splitlines()]
+    _, *rows, end = [json.loads(line) for line in jsonl.text.splitlines()]  # between its head and end lines
     api = httpx.get(f"{server.url}/v0/decisions", params={"execution_id": eid, "limit": 3}).json()["decisions"]
     assert len(rows) == n and [r["id"] for r in rows[:3]] == [r["id"] for r in api]
+    assert end == {"regent_export_end": {"rows": n, "complete": True}}
     table = _get(server, f"/console/audit/export.csv?execution_id={eid}")
-    assert table.status_code == 200 and len(list(csv.reader(io.StringIO(table.text)))) == n + 1  # with its header
+    lines = table.text.splitlines()
+    assert lines[0].startswith("# regent decisions export") and lines[-1] == f"# end of export: {n} rows, complete"
+    assert table.status_code == 200 and len(list(csv.reader(io.StringIO("\n".join(lines[1:-1]))))) == n + 1  # with its header
 
 
 @pytest.mark.parametrize("query", [f"after_seq={SUPERSCRIPT_TWO}", "after_seq=" + "9" * 40,

@@ -109,7 +109,8 @@ def test_an_approval_asked_by_policy_is_granted_in_the_inbox_and_the_execution_c
     assert row.locator("input[name=decided_by]").count() == 0  # a key decides as its own name
     shot(page, "approvals")
     row.locator("input[name=comment]").fill("checked with the owner")
-    row.locator("button:text-is('Grant')").click()
+    row.locator("button:text-is('Grant…')").click()
+    page.locator("#confirm-button").click()
     page.locator(".notice.ok", has_text="Granted").wait_for()
     assert k.api.wait_status(eid, "completed", "failed", timeout=30)["status"] == "completed"
     decided = k.api.http.get(f"/v0/approvals/{approval['id']}").json()
@@ -126,11 +127,14 @@ def test_an_approver_the_rule_does_not_list_is_refused_with_a_visible_message(se
     eid = k.run("ops", [RM], "blocked")
     approval = k.pending(eid)
     sign_in(page, k.url, tokens["intern"], "/console/approvals")
-    page.locator(f"#approval-{approval['id']} button:text-is('Grant')").click()
-    error = page.locator("#decide-error")
-    error.wait_for()
-    assert "intern" in error.inner_text() and "not an approver" in error.inner_text()
+    row = page.locator(f"#approval-{approval['id']}")
+    assert row.locator("button").count() == 0  # the page says why instead of offering the buttons
+    assert row.locator(".refusal").inner_text().endswith("only oncall, release may decide this; you are intern")
     shot(page, "approvals-refused")
+    # and the kernel refuses a forged, confirmed form whatever the page showed
+    csrf = page.locator("form[action='/console/sign-out'] input[name=csrf]").get_attribute("value")
+    r = page.request.post(f"{k.url}/console/approvals/{approval['id']}/grant", form={"csrf": csrf, "confirm": "grant"})
+    assert r.status == 403 and "intern" in r.text() and "is not an approver for this approval" in r.text()
     assert k.api.get(eid)["status"] == "blocked"
     assert k.api.http.get(f"/v0/approvals/{approval['id']}").json()["status"] == "pending"
 
@@ -146,10 +150,12 @@ def test_a_key_may_not_approve_a_step_of_an_execution_it_created(served: Any, pa
     approval = k.pending(eid)
     assert "release" in approval["approvers"]  # listed, so only the self-approval rule refuses it
     sign_in(page, k.url, tokens["release"], "/console/approvals")
-    page.locator(f"#approval-{approval['id']} button:text-is('Grant')").click()
-    error = page.locator("#decide-error")
-    error.wait_for()
-    assert "created" in error.inner_text() and "may not approve" in error.inner_text()
+    row = page.locator(f"#approval-{approval['id']}")
+    assert row.locator("button").count() == 0
+    assert "your key created this execution and may not approve its steps" in row.locator(".refusal").inner_text()
+    csrf = page.locator("form[action='/console/sign-out'] input[name=csrf]").get_attribute("value")
+    r = page.request.post(f"{k.url}/console/approvals/{approval['id']}/grant", form={"csrf": csrf, "confirm": "grant"})
+    assert r.status == 403 and "may not approve" in r.text()
     assert k.api.get(eid)["status"] == "blocked"
     assert k.api.http.get(f"/v0/approvals/{approval['id']}").json()["status"] == "pending"
 
@@ -174,7 +180,9 @@ def test_a_bootstrap_decision_is_shown_as_asserted_wherever_the_decider_appears(
     assert who.evaluate(PLACEHOLDER_FITS), who.get_attribute("placeholder")
     shot(page, "approvals-bootstrap")
     who.fill("oncall")  # no identity: the form asks who decides
-    row.locator("button:text-is('Deny')").click()
+    row.locator("input[name=comment]").fill("not today")  # a deny's reason
+    row.locator("button:text-is('Deny…')").click()
+    page.locator("#confirm-button").click()
     page.locator(".notice.ok", has_text="Denied").wait_for()
     resolved = page.locator(f"#resolved-{approval['id']}")
     assert resolved.locator(".decided-by").inner_text() == "oncall"

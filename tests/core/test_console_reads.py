@@ -3,6 +3,7 @@ rows, and the audit chart's counts per time bucket."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -187,21 +188,76 @@ def test_a_range_reaching_back_before_the_oldest_record_marks_no_hours_before_it
     assert sum(sum(b.values()) for b in far.buckets) == 2
 
 
-def test_the_inbox_reads_only_the_oldest_pending_approvals_it_shows_and_says_there_are_more(
-    kernel: Kernel, running: Running, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+def test_the_inbox_pages_every_pending_approval_both_ways_in_either_order_with_filters_and_counts(
+    kernel: Kernel, running: Running, clock: ManualClock
 ) -> None:
+    # Before: the inbox read the oldest 200 and said "200+"; the rest could not be reached.
     from kernel.core import inbox
+    from kernel.core.approvals import Principal
     from kernel.domain import ApprovalConfig
 
-    monkeypatch.setattr(inbox, "INBOX_LIMIT", 3)
-    kernel.policy = FixedPolicy(Decision(Verdict.REQUIRE_APPROVAL, "ask", approval=ApprovalConfig(("alice",))))
-    asked = []
-    for i in range(5):
+    asked = []  # (approval id, target), oldest first
+    for i in range(13):
+        approvers = ("alice",) if i % 3 else ("bob",)
+        kernel.policy = FixedPolicy(Decision(Verdict.REQUIRE_APPROVAL, "ask", approval=ApprovalConfig(approvers)))
         eid, did, att = running.start()
-        asked.append(steps.submit_step(kernel, "shell", eid, did, att, req(target=f"pay_{i}")).approval_id)
-        clock.advance(1)
-    box = inbox.inbox(kernel)
-    assert [it.approval.id for it in box.pending] == asked[:3] and box.more_pending  # oldest first
-    monkeypatch.setattr(inbox, "INBOX_LIMIT", 5)
-    box = inbox.inbox(kernel)
-    assert [it.approval.id for it in box.pending] == asked and not box.more_pending
+        target = f"pay_{i % 2}"
+        asked.append((steps.submit_step(kernel, "shell", eid, did, att, req(target=target)).approval_id, target))
+        if i % 4:
+            clock.advance(1)  # some share a created_at: the id breaks the tie
+    alice = Principal(name="alice", scopes=frozenset({"approvals:read", "approvals:write"}), key_id="k-alice")
+
+    def walk(q: inbox.InboxQuery) -> tuple[list[str], list[str]]:
+        """Every page forward, then every page back from the last: the ids in page order."""
+        pages = [inbox.inbox(kernel, q, alice)]
+        while pages[-1].next_cursor:
+            pages.append(inbox.inbox(kernel, replace(q, after=pages[-1].next_cursor), alice))
+        back = [pages[-1]]
+        while back[-1].prev_cursor:
+            back.append(inbox.inbox(kernel, replace(q, before=back[-1].prev_cursor), alice))
+        return ([it.approval.id for p in pages for it in p.pending],
+                [it.approval.id for p in reversed(back) for it in p.pending])
+
+    for q, expected in [
+        (inbox.InboxQuery(limit=4), [a for a, _ in asked]),
+        (inbox.InboxQuery(limit=4, newest_first=True), [a for a, _ in reversed(asked)]),
+        (inbox.InboxQuery(limit=3, target="pay_1"), [a for a, target in asked if target == "pay_1"]),
+        (inbox.InboxQuery(limit=2, mine=True), [a for i, (a, _) in enumerate(asked) if i % 3]),
+        (inbox.InboxQuery(limit=5, mine=True, newest_first=True), [a for i, (a, _) in reversed(list(enumerate(asked))) if i % 3]),
+    ]:
+        forward, backward = walk(q)
+        assert forward == expected and backward == expected, q
+    box = inbox.inbox(kernel, inbox.InboxQuery(target="pay_0"), alice)
+    assert box.per_agent == {"shell": 13} and box.matching == 7
+    refused = {it.approval.id: it.refusal for it in inbox.inbox(kernel, inbox.InboxQuery(), alice).pending}
+    assert refused[asked[0][0]] == "only bob may decide this; you are alice" and refused[asked[1][0]] is None
+
+
+def test_the_executions_page_finds_an_id_prefix_and_pages_back_to_the_newest(kernel: Kernel, store: SqlStore) -> None:
+    # Oracle: str.startswith over every id. The prefixes end in every kind of character the
+    # range bound handles (a digit, 9, f, a hyphen, an f carrying into a hyphen).
+    base = kernel.clock.now()
+    ids = ["0193f0ff-0000-7000-8000-000000000001", "0193f0ff-ffff-7000-8000-000000000002",
+           "0193f100-0000-7000-8000-000000000003", "01940000-0000-7000-8000-000000000004",
+           "0199ffff-0000-7000-8000-000000000005", "019a0000-0000-7000-8000-000000000006"]
+    from kernel.core.agents import register_agent
+    from kernel.domain import Execution, ExecutionStatus
+
+    register_agent(kernel, "shell", "http://127.0.0.1:9/webhook", "s3cret", None, keep_policy=True)
+    with store.transaction() as tx:
+        for i, eid in enumerate(ids):
+            tx.insert_execution(Execution(id=eid, agent_id="shell", input=None, status=ExecutionStatus.RUNNING,
+                                          created_at=base, updated_at=base + timedelta(seconds=i)))
+    for prefix in ("0193f0ff-", "0193f0ff-f", "0193f0f", "0193f1", "0199", "0199f", "019", "01940000-0000-7000-8000-00000000000",
+                   ids[3], "0193F0FF"):
+        page = timeline.execution_page(kernel, agent_id=None, status=None, created_from=None, created_to=None,
+                                       cursor=None, limit=50, id_starts=prefix)
+        assert [e.id for e in page.executions] == sorted((x for x in ids if x.startswith(prefix.lower())), reverse=True), prefix
+    first = timeline.execution_page(kernel, agent_id=None, status=None, created_from=None, created_to=None,
+                                    cursor=None, limit=4)
+    older = timeline.execution_page(kernel, agent_id=None, status=None, created_from=None, created_to=None,
+                                    cursor=first.next_cursor, limit=4)
+    assert [e.id for e in older.executions] == sorted(ids, reverse=True)[4:] and older.next_cursor is None
+    back = timeline.execution_page(kernel, agent_id=None, status=None, created_from=None, created_to=None,
+                                   cursor=None, newer_than=older.prev_cursor, limit=4)
+    assert [e.id for e in back.executions] == [e.id for e in first.executions] and back.prev_cursor is None

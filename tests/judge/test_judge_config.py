@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from kernel.core.ports import NoJudge
 from kernel.domain import JudgeAnswer, JudgeSpec, PolicyInput
 from kernel.errors import ConfigError
 from kernel.judge import HttpJudge
+from kernel.judge.client import CRITERIA, QUESTION
 from kernel.manifest import load_manifest
 from tests.judge.conftest import PROVIDER, JudgeServer
 
@@ -93,3 +96,67 @@ def test_decision_log_masks_apply_to_what_the_judge_is_sent(judge_server: JudgeS
     [seen] = judge_server.received()
     assert "hunter2" not in seen["body"] and '"user":"ada"' in seen["body"]
     assert inp.args["password"] == "hunter2"  # the step's own args are untouched
+
+
+def _ask(judge: HttpJudge, spec: JudgeSpec, inp: PolicyInput) -> JudgeAnswer:
+    async def ask() -> JudgeAnswer:
+        try:
+            return await judge.ask(spec, inp)
+        finally:
+            await judge.aclose()
+
+    return asyncio.run(ask())
+
+
+@pytest.mark.parametrize("variable", ["REGENT_JUDGE_API_KEY", "REBUNO_TYPESAFE_API_KEY"])
+def test_an_api_key_alone_configures_the_upstream_typesafe_judge(
+        variable: str, judge_server: JudgeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Upstream's newest configuration (rebuno internal/policy/judge.go NewJudge): no provider file,
+    an API key; the request is the body upstream marshals, with the key as a bearer token."""
+    judge_server.set(probabilities={"deny": 0.8, "allow": 0.2})
+    for name in ("REGENT_JUDGE_API_KEY", "REBUNO_TYPESAFE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "ts-key-1")
+    monkeypatch.setenv("REGENT_JUDGE_URL", f"{judge_server.url}/judge")
+    judge = build_judge(Settings(), None, dict(os.environ))
+    assert isinstance(judge, HttpJudge)
+    inp = PolicyInput(agent_id="bash-bot", kind="tool_call", target="bash", args={"command": "rm -rf /tmp/x", "n": 1.5})
+    answer = _ask(judge, JudgeSpec(instructions="a disposable container"), inp)
+    assert answer.probabilities == {"deny": 0.8, "allow": 0.2}
+    [seen] = judge_server.received()
+    assert seen["authorization"] == "Bearer ts-key-1"
+    assert json.loads(seen["body"]) == {
+        "model": "jev-latest",
+        "state": {"tool_call": {"agent_id": "bash-bot", "tool": "bash", "arguments": {"command": "rm -rf /tmp/x", "n": 1.5}}},
+        "questions": {"decision": {"type": "choice",
+                                   "instructions": {"question": QUESTION, "note": "a disposable container"},
+                                   "criteria": CRITERIA}},
+    }
+
+
+def test_without_instructions_the_typesafe_judge_sends_the_bare_question(judge_server: JudgeServer) -> None:
+    judge_server.set()
+    settings = Settings(judge_api_key="k2", judge_url=f"{judge_server.url}/judge")
+    judge = build_judge(settings, None, {})
+    _ask(judge, JudgeSpec(), PolicyInput(agent_id="a", kind="tool_call", target="t", args={}))
+    [seen] = judge_server.received()
+    assert json.loads(seen["body"])["questions"]["decision"]["instructions"] == QUESTION
+
+
+def test_a_provider_file_wins_over_the_api_key(tmp_path: Path) -> None:
+    shutil.copy(PROVIDER, tmp_path / "judge.yaml")
+    judge = build_judge(Settings(judge_provider=str(tmp_path / "judge.yaml"), judge_api_key="k"), None, ENV)
+    assert isinstance(judge, HttpJudge)
+    provider = judge.provider_for("anyone")
+    assert provider is not None and provider.url == "http://127.0.0.1:9/judge"
+
+
+def test_the_regent_variable_wins_over_the_upstream_one() -> None:
+    judge = build_judge(Settings(judge_api_key="regent-key"), None, {"REBUNO_TYPESAFE_API_KEY": "rebuno-key"})
+    provider = judge.provider_for("a")
+    assert provider is not None and dict(provider.headers) == {"Authorization": "Bearer regent-key"}
+    assert provider.url == "https://api.typesafe.ai/v1/systemone"
+
+
+def test_no_api_key_and_no_provider_still_means_no_judge() -> None:
+    assert isinstance(build_judge(Settings(), None, {"REBUNO_TYPESAFE_API_KEY": ""}), NoJudge)

@@ -176,3 +176,11 @@ def test_policy_cases_mock_the_judge() -> None:
 def test_bad_judge_mock_in_a_case_is_a_load_error(mock: str) -> None:
     with pytest.raises(ValidationError, match=r"case 1: context\.judge"):
         parse_cases(f"cases:\n  - {{target: t, context: {{judge: {mock}}}}}\n")
+
+
+def test_template_json_keeps_numbers_exact_and_refuses_non_finite_ones() -> None:
+    t = Template("{{json .X}}")
+    args = {"amount": 1000.0000004, "big": 12345678901234567890, "tiny": 4e-7}
+    assert json.loads(t.render({"X": args}, 1000)) == args
+    with pytest.raises(TemplateError, match="not finite"):  # "Infinity" would not be JSON
+        t.render({"X": {"amount": float("inf")}}, 1000)

@@ -33,6 +33,13 @@ EDGES = [
     ("true", ("deny", "default")),
     ("[2000]", ("deny", "default")),
     (MISSING, ("deny", "default")),
+    # The repros: Rego saw six decimals (allow, allow, malformed) and int64 at most.
+    ("1000.0000004", ("require_approval", "approve-large-transfer")),
+    ("1000.00000001", ("require_approval", "approve-large-transfer")),
+    ("0.0000004", ("allow", "allow-small-transfer")),
+    ("12345678901234567890", ("require_approval", "approve-large-transfer")),
+    ("1e400", ("deny", "eval-error")),  # past float64: one answer in both engines
+    ("5e-324", ("deny", "eval-error")),
 ]
 
 

@@ -1,9 +1,13 @@
-"""`regent policy check` warnings: an allow rule's unanchored regex and a numeric-looking regex."""
+"""`regent policy check` warnings: an allow rule's unanchored regex, a numeric-looking regex, a dotted
+argument key."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from kernel.cli import main as cli_main
 from kernel.policy.yaml import compile_yaml_bundle
 from kernel.policy.yaml.lint import numeric_looking
 
@@ -71,3 +75,25 @@ def test_limits_that_apply_are_not_reported() -> None:
              "  - id: d\n    when: {step_kind: llm_call}\n"
              "    then: {decision: deny, rate_limit: {max_calls: 9007199254740992, window: 1s}}\n")
     assert _lints(rules) == []
+
+
+def test_a_dotted_argument_key_is_reported_because_it_never_matches_nested_arguments() -> None:
+    # Upstream's executor example writes `arguments.owner`: a literal key, as in Rebuno.
+    rules = ("  - id: own-repo\n    when:\n      target: github_create_issue\n      arguments:\n"
+             "        arguments.owner: {equals: acme}\n    then: {decision: allow}\n")
+    bundle = compile_yaml_bundle("rules:\n" + rules, revision="r")
+    [lint] = bundle.lints()
+    assert (lint.code, lint.line, lint.rule_id) == ("dotted-argument-key", 6, "own-repo")
+    assert '{"arguments": {"owner": …}}' in lint.message
+    from kernel.domain.decision import PolicyInput
+    nested = PolicyInput(agent_id="a", kind="tool_call", target="github_create_issue",
+                         args={"arguments": {"owner": "acme"}})
+    assert bundle.evaluate(nested).rule_id == "default"  # what the lint warns about
+
+
+def test_a_dotted_argument_key_fails_policy_check_under_strict(tmp_path: Path) -> None:
+    bundle = tmp_path / "b.yaml"
+    bundle.write_text("rules:\n  - id: r\n    when:\n      target: t\n      arguments:\n"
+                      "        a.b: {equals: x}\n    then: {decision: allow}\n")
+    assert cli_main(["policy", "check", str(bundle)]) == 0
+    assert cli_main(["policy", "check", "--strict", str(bundle)]) == 1

@@ -100,9 +100,9 @@ def test_args_that_are_not_an_object_match_no_argument_rule() -> None:
 
 @pytest.mark.parametrize(("predicate", "message"), [
     ("{gt: '1000'}", 'line 6: rule "r": when.arguments.amount.gt must be a number, got string "1000"'),
-    ("{gt: 1e6}", "YAML reads 1e6 as a string"),
+    ("{gt: 017}", "read as different values by YAML 1.1 and YAML 1.2"),
     ("{gt: '1000'}", "a quoted value is a string: write the number without quotes"),
-    ("{gt: 2E-3}", "YAML reads 2E-3 as a string"),
+    ("{gt: 1e400}", "must be a finite number"),
     ("{gt: .nan}", "must be a finite number"),
     ("{type: integer}", "when.arguments.amount.type must be one of string, number, bool, object, array, null"),
     ("{exists: yes please}", "when.arguments.amount.exists must be true or false"),

@@ -310,7 +310,10 @@ def _from_files(files: dict[str, bytes], *, origin: str, from_directory: bool) -
         else:
             try:
                 value = json.loads(text) if path.endswith(".json") else yamldoc.safe_load(text)
-            except (ValueError, yaml.YAMLError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+            except yaml.YAMLError as exc:
+                problems.append(f"cannot be parsed: {yamldoc.describe_error(path, exc)}")
+                continue
+            except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
                 problems.append(f"{path}: cannot be parsed ({' '.join(str(exc).split())})")
                 continue
             if value is None:

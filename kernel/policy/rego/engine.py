@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.domain.decision import Decision, PolicyInput, PolicyKind, Verdict
+from kernel.policy.numbers import out_of_range_reason, unrepresentable_number
 
 from . import protocol as P
 from .bundle import RegoBundle
@@ -149,6 +150,9 @@ class RegoEngine:
         coverage and error locations use the instrumented twin this way). Each result is
         ``{"value": V}``, ``{"undefined": True}`` or ``{"error": MESSAGE}``; raises ProbeError
         when the bundle cannot be loaded or the worker faults."""
+        bad = unrepresentable_number(document)
+        if bad is not None:
+            raise ProbeError(out_of_range_reason(bad))
         body = json.dumps({"input": document, "entrypoints": entrypoints}, ensure_ascii=False,
                           separators=(",", ":"), allow_nan=False).encode("utf-8")
         w = self._pool.acquire(self.acquire_timeout)
@@ -241,7 +245,15 @@ class RegoEngine:
                 document, ensure_ascii=False, separators=(",", ":"), allow_nan=False
             ).encode("utf-8")
         except (TypeError, ValueError, UnicodeEncodeError) as exc:
+            bad = unrepresentable_number(document)  # NaN or an infinity: ValueError
+            if bad is not None:
+                return self._eval_error(bundle, out_of_range_reason(bad))
             return self._eval_error(bundle, f"input document is not JSON-encodable: {exc}")
+        # A float rego-cpp cannot compute with is written with an exponent of e-3xx or e+308, so
+        # the 1 µs search spares almost every document the walk.
+        if (b"e-3" in body or b"e+308" in body) and (bad := unrepresentable_number(document)) is not None:
+            # the answer a YAML bundle gives the same input (kernel/policy/numbers.py)
+            return self._eval_error(bundle, out_of_range_reason(bad))
         key = bundle.digest.encode("ascii")
         w = self._pool.acquire(self.acquire_timeout)
         if w is None:
@@ -345,6 +357,8 @@ class RegoEngine:
             body = json.dumps(request, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
         except (TypeError, ValueError, UnicodeEncodeError):
             return None
+        if (b"e-3" in body or b"e+308" in body) and any(unrepresentable_number(d) is not None for d in documents):
+            return None  # one by one: each such input gets the out-of-range answer (see _evaluate)
         w = self._pool.acquire(self.acquire_timeout)
         if w is None:
             return None

@@ -48,7 +48,7 @@ class Instrumented:
     entrypoints: tuple[str, ...]  # the collector first, then every probe, then every rule
     collector: str
     combined: str  # {"value": [entrypoint value] or [], "hits": [...]} in one query
-    probes: dict[str, tuple[str, int, int]]  # probe rule name → (module path, def index, k or 0 = done)
+    probes: dict[str, tuple[str, int, int]]  # probe rule name → (module path, def index, k, 0 = done, -1 = value)
     rule_entrypoints: dict[str, tuple[str, str]]  # entrypoint → (module path, rule name)
     module_rules: dict[str, ModuleRules]
     entrypoint_rule: tuple[str, str]  # (package, rule name) of the bundle's entrypoint
@@ -139,8 +139,11 @@ class Instrumented:
             else:
                 result = "undefined"
             exprs.append({"line": expr.line, "text": expr.text, "result": result})
-        row["result"] = "held" if evaluated and self._done(hits, path, d) else (
-            "undefined" if evaluated else "not evaluated")
+        done = evaluated and self._done(hits, path, d)
+        if done and d.value and f"__regent_{self._module_index[path]}_{d.index}_value" not in hits:
+            done = False
+            row["why"] = "its value is undefined (the body held)"
+        row["result"] = "held" if done else ("undefined" if evaluated else "not evaluated")
         row["expressions"] = exprs
         return row
 
@@ -306,6 +309,17 @@ def instrument(modules: dict[str, str], entrypoint: str) -> Instrumented:
                 else:
                     lines += [f"{name} if {{", f"\t{body}", "}", ""]
                 probes[name] = (path, d.index, 0 if k == len(exprs) + 1 else k)
+                probe_package[name] = mr.package
+                hits_lines.append(f'hits contains "{name}" if data.{mr.package}.{name}')
+            if d.value:
+                # The body can hold while the head's value is undefined (`t := time.parse_…(x)`
+                # on a time rego-cpp cannot parse): then the definition gives nothing, and the
+                # trace must not call it held.
+                name = f"__regent_{m}_{d.index}_value"
+                # (rego-cpp holds `_ = (undefined)`: the value goes through a variable.)
+                body = "\n\t".join([*guards, *exprs, f"__regent_v := ({d.value})", "__regent_v == __regent_v"])
+                lines += [f"{name} if {{", f"\t{body}", "}", ""]
+                probes[name] = (path, d.index, -1)
                 probe_package[name] = mr.package
                 hits_lines.append(f'hits contains "{name}" if data.{mr.package}.{name}')
         for d in mr.rules:

@@ -34,6 +34,7 @@ class RuleDef:
     kind: str  # "complete" (:= / bare), "multi" (contains / [key]), "function", "default"
     chain: tuple[int, ...] = ()  # indexes of the earlier branches of its `else` chain
     rule_id: str = ""  # the "rule_id" literal in its head, when there is one
+    value: str = ""  # the head's value expression (after `:=`, `=` or `contains`), when it has one
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +170,20 @@ def _rule_id(head: str) -> str:
     return rest[1:end] if end > 0 else ""
 
 
+def _head_value(r: _Reader, a: int, b: int) -> str:
+    """The value expression of the head tokens [a, b): after `:=`, `=` or `contains` at depth 0."""
+    depth = 0
+    for j in range(a, b):
+        t = r.toks[j]
+        if depth == 0 and ((t.kind == "op" and t.text in (":=", "=")) or (t.kind == "ident" and t.text == "contains")):
+            return r.text(j + 1, b) if j + 1 < b else ""
+        if t.kind == "op" and t.text in "([{":
+            depth += 1
+        elif t.kind == "op" and t.text in ")]}":
+            depth = max(depth - 1, 0)
+    return ""
+
+
 def read_rules(source: str) -> ModuleRules:
     """Every rule definition of a module in source order; raises ValueError when the module is
     beyond this reader (unbalanced brackets and the like)."""
@@ -259,6 +274,7 @@ def _read_chain(r: _Reader, start: int, end: int, rules: list[RuleDef]) -> None:
                 kind,
                 tuple(chain),
                 _rule_id(head_text),
+                _head_value(r, head_start, k) if kind != "function" else "",
             )
         )
         chain.append(index)

@@ -223,7 +223,7 @@ class Worker:
             return
         entry, document = found
         _, bundle, entrypoint, runtime = entry
-        if not self._set_document(runtime, document):
+        if not self._set_document(runtime, document, payload[P.KEY_BYTES :]):
             return
         if capture:
             # rego-cpp writes print() lines to stdout; only `policy eval --explain` asks for them.
@@ -280,13 +280,13 @@ class Worker:
             return {"undefined": True}
         return {"error": text}
 
-    def _set_document(self, runtime: Any, document: Any) -> bool:
-        """Give ``document`` to ``runtime`` as its input; answers OP_FAIL and returns False if
-        rego-cpp cannot take it."""
+    def _set_document(self, runtime: Any, document: Any, text: bytes | None = None) -> bool:
+        """Give ``document`` (``text`` decoded, when given) to ``runtime`` as its input; answers
+        OP_FAIL and returns False if rego-cpp cannot take it."""
         if self.test_hooks:
             _maybe_fault(document)
         try:
-            N.set_input(runtime, document)
+            N.set_input(runtime, document, text)
         except (N.BadInput, UnicodeEncodeError) as exc:
             self.fail(f"input document cannot be given to rego-cpp: {exc}")
             return False

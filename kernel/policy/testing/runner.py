@@ -67,8 +67,9 @@ def rego_rule_ids(modules: dict[str, str]) -> tuple[str, ...]:
 def load_bundle(path: Path, rego_engine: Any, *, strict: bool = False) -> LoadedBundle:
     """Compile a bundle through the same load gate the kernel uses; ValidationError names the file.
 
-    ``strict``: Rego bundles get the strict-mode checks and strict builtin errors; a YAML bundle's
-    authoring warnings (`lints`) become load errors.
+    ``strict``: Rego bundles get the strict-mode checks and strict builtin errors, and literal
+    times rego-cpp cannot parse become load errors; a YAML bundle's authoring warnings (`lints`)
+    become load errors.
     """
     yaml_text: str | None = None
     if path.name.endswith((".tar.gz", ".tgz")):
@@ -89,6 +90,14 @@ def load_bundle(path: Path, rego_engine: Any, *, strict: bool = False) -> Loaded
         except ValidationError as exc:
             raise ValidationError(f"{path}: {exc.message}") from None
         modules = dict(bundle.runnable_modules)  # as rego-cpp runs them: idioms.py's rewrites applied
+        if strict:
+            from kernel.policy.rego.timelint import time_literal_lints
+
+            authored = dict(bundle.modules)  # the author's text, so lines and columns are theirs
+            times = time_literal_lints(authored, {m: bundle.display_path(m) for m in authored})
+            if times:
+                raise ValidationError(f"{path}: invalid policy bundle (strict): "
+                                      + "; ".join(f"{x.file}:{x.line}:{x.col}: {x.message}" for x in times))
         return LoadedBundle(path, "rego", RegoCompiled(bundle, rego_engine.get()), rego_rule_ids(modules),
                             modules=modules, data=bundle.data)
     from kernel.policy.yaml import compile_yaml_bundle

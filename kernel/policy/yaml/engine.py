@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kernel.domain.decision import Decision, PolicyInput, PolicyKind, Verdict
+from kernel.policy.numbers import OUT_OF_RANGE_RULE, out_of_range_reason, unrepresentable_number
 from kernel.policy.yaml.lint import Lint, lint_rules, shadowed_rules
 from kernel.policy.yaml.predicate import args_decodable
 from kernel.policy.yaml.rule import Rule, RuleTrace
@@ -90,6 +91,11 @@ class YamlBundle:
     def evaluate(self, inp: PolicyInput) -> Decision:
         """The decision for one step. Never raises for a deny; a plain deny leaves ``reason``
         empty so the kernel can fill in ``policy_denied``."""
+        bad = (unrepresentable_number(inp.args) if inp.args else None) or (
+            unrepresentable_number((inp.execution, inp.usage)) if inp.execution or inp.usage else None)
+        if bad is not None:  # the answer a Rego bundle gives the same input (kernel/policy/numbers.py)
+            return Decision(Verdict.DENY, OUT_OF_RANGE_RULE, out_of_range_reason(bad),
+                            policy_kind=PolicyKind.YAML, policy_revision=self.revision)
         winner = None
         target = inp.target
         indexed = self._by_target.get(target)

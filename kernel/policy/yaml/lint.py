@@ -118,7 +118,8 @@ def _implies(pb: Predicate, pa: Predicate) -> bool:
 @dataclass(frozen=True, slots=True)
 class Lint:
     """One warning: ``code`` is stable (``unanchored-regex``, ``numeric-regex``, ``shadowed``,
-    ``rate-limit-never-limits``, ``rate-limit-past-redis``, ``budget-ignored``)."""
+    ``rate-limit-never-limits``, ``rate-limit-past-redis``, ``budget-ignored``,
+    ``dotted-argument-key``)."""
 
     code: str
     line: int
@@ -191,6 +192,12 @@ def lint_rules(rules: tuple[Rule, ...]) -> list[Lint]:
                     f'{where} "{p.regex}" is not anchored: RE2 searches anywhere in the value, so '
                     f'this allow rule also matches text that merely contains it; anchor it with ^…$')))
         lints.extend(_limit_lints(rule))
+        for p in rule.predicates:
+            if "." in p.key:
+                lints.append(Lint("dotted-argument-key", p.line, rule.id, (
+                    f'arguments key "{p.key}" is one literal key with a dot in it (as in Rebuno), not a '
+                    f'path: it never matches {{"{p.key.split(".", 1)[0]}": {{"{p.key.split(".", 1)[1]}": …}}}}; '
+                    "match a top-level argument, or test nested arguments in a Rego bundle")))
     for rule_id, by in shadowed_rules(rules):
         rule = by_id[rule_id]
         lints.append(Lint("shadowed", rule.line, rule_id, f"never matches: shadowed by rule {by}"))

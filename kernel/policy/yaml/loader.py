@@ -8,7 +8,6 @@ must be written as such, and mapping keys are unique and known.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -18,6 +17,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from kernel.errors import ValidationError
 from kernel.policy.duration import DurationError, parse_duration
+from kernel.yamldoc import AMBIGUOUS_NUMBER, ambiguity, yaml12_numbers
 
 __all__ = ["BundleReader", "bundle_error", "parse_document"]
 
@@ -25,11 +25,9 @@ _TAG = "tag:yaml.org,2002:"
 STR, INT, NULL = _TAG + "str", _TAG + "int", _TAG + "null"
 FLOAT, BOOL = _TAG + "float", _TAG + "bool"
 
-# A plain scalar YAML 1.1 reads as a string although JSON would read a number (1e6, 2E-3).
-_EXPONENT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
 # Scalar tags whose text we accept; explicit application tags (`!foo`, `!!binary`) are refused.
 _SCALAR_TAGS = frozenset(
-    _TAG + t for t in ("str", "int", "float", "bool", "null", "timestamp", "merge", "value")
+    [*(_TAG + t for t in ("str", "int", "float", "bool", "null", "timestamp", "merge", "value")), AMBIGUOUS_NUMBER]
 )
 _KIND = {MappingNode: "mapping", SequenceNode: "sequence", ScalarNode: "scalar"}
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -39,7 +37,11 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader whose composed nodes keep their start marks (PyYAML records them on every node).
 
     Only composition is used: the constructor would lose marks and silently merge duplicate keys.
+    Numbers resolve as YAML 1.2 reads them (kernel/yamldoc.py).
     """
+
+
+yaml12_numbers(_StrictLoader)
 
 
 def bundle_error(line: int | None, detail: str, **details: Any) -> ValidationError:
@@ -191,8 +193,8 @@ class BundleReader:
         self._spend(node)
         if not isinstance(node, ScalarNode) or node.tag not in (INT, FLOAT):
             hint = ""
-            if isinstance(node, ScalarNode) and node.tag == STR and node.style is None and _EXPONENT.match(node.value):
-                hint = f" (YAML reads {node.value} as a string: write it with a dot and a signed exponent, 1.0e+6)"
+            if isinstance(node, ScalarNode) and node.tag == AMBIGUOUS_NUMBER:
+                hint = f" ({ambiguity(node.value)})"
             elif isinstance(node, ScalarNode) and node.tag == STR and node.style in ('"', "'"):
                 hint = " (a quoted value is a string: write the number without quotes)"
             self.fail(node, f"{where} must be a number, got {_describe(node)}{hint}")

@@ -351,9 +351,9 @@ def test_input_document_has_the_spec_shape() -> None:
             "id": "0192",
             "agent_id": "shell",
             "input": {"x": 1},
-            "created_at": "2026-12-02T18:00:00Z",
+            "created_at": "2026-12-02T18:00:00+00:00",  # the times rego-cpp parses (docs/policy.md "Time")
         },
         "usage": {"input_tokens": 812, "output_tokens": 96},
-        "now": "2026-12-02T19:00:00Z",
+        "now": "2026-12-02T19:00:00+00:00",
         "session": "chat-42",
     }

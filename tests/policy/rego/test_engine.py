@@ -109,7 +109,7 @@ def test_the_whole_input_document_is_visible(engine: RegoEngine) -> None:
     )
     assert (
         engine.evaluate(b, step()).rule_id
-        == "shell|tool_call|shell_exec|safe_to_retry|exec-1|812|2026-12-02T19:00:00Z"
+        == "shell|tool_call|shell_exec|safe_to_retry|exec-1|812|2026-12-02T19:00:00+00:00"  # input.now: +00:00
     )
 
 
