@@ -212,17 +212,17 @@ def rewrite_idioms(source: str) -> IdiomRewrite:
     for j, close in sorted(_literals(toks, 0, len(toks), comprehensions=True), key=lambda c: c[1] - c[0]):
         bar = _bar(toks, j, close)
         assert bar is not None
-        refs = [r for r in _iterated_refs(toks, j + 1, bar) if r[0] not in claimed]
-        if not refs:
+        crefs = [r for r in _iterated_refs(toks, j + 1, bar) if r[0] not in claimed]
+        if not crefs:
             continue
-        claimed.update(r[0] for r in refs)
-        texts = [source[toks[r0].start : toks[r1 - 1].end] for r0, r1 in refs]
-        bindings = bind(refs)
-        edits.append((toks[close - 1].end, toks[close - 1].end, "; " + "; ".join(bindings)))
-        notes.append((toks[refs[0][0]].line, toks[refs[0][0]].col,
-                      f"the iterated reference{'s' if len(refs) > 1 else ''} {', '.join(texts)} in a comprehension's "
-                      f"head bound at the end of its body (`{'; '.join(bindings)}`), as OPA iterates "
-                      f"{'them' if len(refs) > 1 else 'it'}"))
+        claimed.update(r[0] for r in crefs)
+        texts = [source[toks[r0].start : toks[r1 - 1].end] for r0, r1 in crefs]
+        cbind = bind(crefs)
+        edits.append((toks[close - 1].end, toks[close - 1].end, "; " + "; ".join(cbind)))
+        notes.append((toks[crefs[0][0]].line, toks[crefs[0][0]].col,
+                      f"the iterated reference{'s' if len(crefs) > 1 else ''} {', '.join(texts)} in a comprehension's "
+                      f"head bound at the end of its body (`{'; '.join(cbind)}`), as OPA iterates "
+                      f"{'them' if len(crefs) > 1 else 'it'}"))
     # A rule head's composite value (`p := [x[_]]`, `p contains {"a": x[i]}`): bound at the end of
     # the rule's body (one is made when there is none).
     for a, b in statements(toks):
@@ -231,31 +231,31 @@ def rewrite_idioms(source: str) -> IdiomRewrite:
             continue
         h = next((k for k in range(a, b) if toks[k].kind == "ident" and toks[k].text == "if"
                   and not any(q0 <= k < q1 for q0, q1, _ in queries)), b)
-        refs = []
+        hrefs: list[tuple[int, int]] = []
         for j, close in _literals(toks, a, h):
-            refs += [r for r in _iterated_refs(toks, j + 1, close) if r[0] not in claimed]
-        refs = sorted({r[0]: r for r in refs}.values())
-        if not refs:
+            hrefs += [r for r in _iterated_refs(toks, j + 1, close) if r[0] not in claimed]
+        hrefs = sorted({r[0]: r for r in hrefs}.values())
+        if not hrefs:
             continue
-        claimed.update(r[0] for r in refs)
-        texts = [source[toks[r0].start : toks[r1 - 1].end] for r0, r1 in refs]
-        where = (toks[refs[0][0]].line, toks[refs[0][0]].col)
+        claimed.update(r[0] for r in hrefs)
+        texts = [source[toks[r0].start : toks[r1 - 1].end] for r0, r1 in hrefs]
+        where = (toks[hrefs[0][0]].line, toks[hrefs[0][0]].col)
         if any(toks[k].kind == "ident" and toks[k].text == "else" for k in range(a, b)):
             problems.append(_head_problem(where, " ".join(source[first.start : toks[h - 1].end].split()), texts))
             continue
-        bindings = "; ".join(bind(refs))
+        hbind = "; ".join(bind(hrefs))
         if h == b:
-            edits.append((toks[b - 1].end, toks[b - 1].end, f" if {{ {bindings} }}"))
+            edits.append((toks[b - 1].end, toks[b - 1].end, f" if {{ {hbind} }}"))
         elif toks[h + 1].text == "{":
             body_close = matching(toks, h + 1, b)
             last = toks[body_close - 1]
-            edits.append((last.end, last.end, ("; " if body_close > h + 2 else " ") + bindings))
+            edits.append((last.end, last.end, ("; " if body_close > h + 2 else " ") + hbind))
         else:
             edits.append((toks[h + 1].start, toks[h + 1].start, "{ "))
-            edits.append((toks[b - 1].end, toks[b - 1].end, f"; {bindings} }}"))
-        notes.append((*where, f"the iterated reference{'s' if len(refs) > 1 else ''} {', '.join(texts)} in a rule "
-                              f"head's value bound at the end of its body (`{bindings}`), as OPA iterates "
-                              f"{'them' if len(refs) > 1 else 'it'}"))
+            edits.append((toks[b - 1].end, toks[b - 1].end, f"; {hbind} }}"))
+        notes.append((*where, f"the iterated reference{'s' if len(hrefs) > 1 else ''} {', '.join(texts)} in a rule "
+                              f"head's value bound at the end of its body (`{hbind}`), as OPA iterates "
+                              f"{'them' if len(hrefs) > 1 else 'it'}"))
     # Innermost queries first, so a comprehension's own expression takes its references.
     for a, b, braced in sorted(queries, key=lambda q: q[1] - q[0]):
         for s, e in _expressions(toks, a, b):
