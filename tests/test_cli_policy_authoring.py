@@ -306,6 +306,57 @@ def test_coverage_counts_the_lines_rego_unit_tests_evaluate(tmp_path: Path, caps
     assert policy["not_covered"] == [{"start": {"row": 4}, "end": {"row": 5}}, {"start": {"row": 8}, "end": {"row": 10}}]
 
 
+IDIOM_TESTS = """package helper_test
+import rego.v1
+
+images := ["a:1", "b:latest"]
+
+test_a_wildcard_argument if {
+	endswith(images[_], ":latest")
+	data.helper.risky with input.args.command as "curl"
+}
+
+test_a_guarded_builtin if {
+	replace("ab", "", "-") == "-a-b-"
+}
+"""
+
+
+def test_coverage_measures_unit_tests_as_the_runner_runs_them_with_load_time_rewrites(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `endswith(images[_], …)` does not compile in rego-cpp (idioms.py rewrites it), and
+    # `replace(…, "", …)` never returned (guards.py appends a helper after the last line): the
+    # coverage twin of the test file must get both rewrites, or nothing is measured.
+    b = rego_bundle(tmp_path, "helper", HELPER_POLICY)
+    (b / "idiom_test.rego").write_text(IDIOM_TESTS)
+    assert main(["policy", "test", str(b), "--coverage", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [t["status"] for t in report["rego_tests"]] == ["pass", "pass"]
+    assert "errors" not in report["line_coverage"]
+    tests = report["line_coverage"]["files"][str(b / "idiom_test.rego")]
+    assert tests["covered"] == [{"start": {"row": 4}, "end": {"row": 4}}, {"start": {"row": 6}, "end": {"row": 8}},
+                                {"start": {"row": 11}, "end": {"row": 12}}]
+    assert "not_covered" not in tests  # and no line past the file's last (the guard's helper)
+    policy = report["line_coverage"]["files"][f"{b}/policy.rego"]
+    assert policy["covered"] == [{"start": {"row": 4}, "end": {"row": 5}}, {"start": {"row": 9}, "end": {"row": 9}}]
+
+
+def test_a_test_file_the_load_gate_refuses_is_reported_not_measured(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    b = rego_bundle(tmp_path, "helper", HELPER_POLICY)
+    (b / "with_test.rego").write_text(  # an iterated argument beside `with`: refused (idioms.py)
+        'package with_test\nimport rego.v1\n\ntest_w if {\n\tendswith(input.i[_], "x") with input.i as ["x"]\n}\n')
+    assert main(["policy", "test", str(b), "--coverage", "--format", "json"]) == 2  # the test is an ERROR
+    report = json.loads(capsys.readouterr().out)
+    assert [t["status"] for t in report["rego_tests"]] == ["error"]
+    assert "in an expression with `with`" in report["rego_tests"][0]["message"]
+    assert "errors" not in report["line_coverage"]  # was: "the test file's own lines: Expecting value…"
+    assert report["line_coverage"]["files"][str(b / "with_test.rego")]["not_covered"] == [
+        {"start": {"row": 4}, "end": {"row": 5}}]
+    assert main(["policy", "test", str(b), "--coverage"]) == 2
+    assert "line coverage incomplete" not in capsys.readouterr().out
+
+
 def test_coverage_of_unit_tests_survives_a_test_that_crashes_the_engine(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     b = rego_bundle(tmp_path, "helper", HELPER_POLICY.replace(

@@ -68,8 +68,12 @@ class Run:
         cov = sum(f["covered_lines"] for f in files.values())
         nots = sum(f["not_covered_lines"] for f in files.values())
         total = cov + nots
-        return {"files": files, "covered_lines": cov, "not_covered_lines": nots,
-                "coverage": round(100.0 * cov / total, 2) if total else 100.0}
+        out = {"files": files, "covered_lines": cov, "not_covered_lines": nots,
+               "coverage": round(100.0 * cov / total, 2) if total else 100.0}
+        errors = [f"{b.path}: {e}" for b, r in self.line_reports for e in r.get("errors", [])]
+        if errors:  # the figures are incomplete: say so in JSON too, not only in the pretty output
+            out["errors"] = errors
+        return out
 
 
 # -- JSON -------------------------------------------------------------------------------------------

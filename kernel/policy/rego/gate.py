@@ -15,6 +15,7 @@ from typing import Any
 
 from .bundle import RegoBundle, bundle_error, load_rego_bundle, parse_rego_bundle
 from .engine import CompileReport, RegoEngine
+from .scan import scan_module
 from .v0_syntax import v1_problems
 
 __all__ = ["UNSUPPORTED_BUILTINS", "compile_rego_bundle", "dialect_problems", "rewrite_notes", "static_problems"]
@@ -276,10 +277,11 @@ def format_problems(fmt: str) -> list[str]:
 
 
 def _format_problems(bundle: RegoBundle) -> list[str]:
+    # The author's text, not what rego-cpp runs: guards.py renames `sprintf` to its helper.
     return [
         f"{bundle.display_path(path)}:{line}:{col}: {problem}"
-        for path, scan in bundle.scans.items()
-        for line, col, fmt in scan.formats
+        for path, source in bundle.modules.items()
+        for line, col, fmt in scan_module(source).formats
         for problem in format_problems(fmt)
     ]
 

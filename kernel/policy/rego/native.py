@@ -237,7 +237,13 @@ def query_output(out: int) -> tuple[str, str]:
     """Read (and free) an entrypoint query's output: ("value", rego-cpp's JSON rendering),
     ("undefined", "") or ("error", message)."""
     try:
-        text = _rs.rego_output_string(out) if _output_ok(out) else ""
+        try:
+            text = _rs.rego_output_string(out) if _output_ok(out) else ""
+        except UnicodeDecodeError:
+            # rego-cpp's regexes work on bytes: `regex.find_n(".", "é", -1)` or
+            # `regex.replace("é", "", "-")` splits a character, and reading that value killed the
+            # worker (exit status 1) on every evaluation; it is an evaluation error instead.
+            return "error", "rego-cpp returned a string that is not valid UTF-8 (a regex split a multi-byte character)"
         if text[:1] in ("{", "["):
             return "value", text
         if text == "undefined":

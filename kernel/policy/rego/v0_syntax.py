@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from .scan import _CONTINUES, _KEYWORDS, _TOKEN
 
-__all__ = ["Token", "V0Head", "find_v0_heads", "reserved_name_problems", "rewrite_v0_v1", "set_head_problems", "tokens",
-           "v1_problems"]
+__all__ = ["Token", "V0Head", "find_v0_heads", "operator_line_problems", "reserved_name_problems", "rewrite_v0_v1",
+           "set_head_problems", "tokens", "v1_problems"]
 
 # A `{` after one of these at depth 0 opens a body with no `if`: the v0 form.
 _VALUE_END_KINDS = frozenset({"num", "str", "raw"})
@@ -214,9 +214,61 @@ def set_head_problems(source: str) -> list[tuple[int, int, str]]:
     return out
 
 
+_BINARY = frozenset({"==", "!=", "<", ">", "<=", ">=", "+", "-", "*", "/", "%", "&", "|", "=", ":="})
+
+
+def _term_end(t: Token) -> bool:
+    if t.kind == "ident":
+        return t.text not in _KEYWORDS or t.text in ("true", "false", "null")
+    return t.kind in _VALUE_END_KINDS or (t.kind == "op" and t.text in _VALUE_END_OPS)
+
+
+def _query_brace(toks: list[Token], j: int) -> bool:
+    """Whether the `{` at toks[j] opens a query (a rule body after `if`/`else`, an `every` body),
+    where a newline ends an expression, rather than an object or set literal."""
+    if j == 0:
+        return False
+    if toks[j - 1].kind == "ident" and toks[j - 1].text in ("if", "else"):
+        return True
+    k = j - 1
+    while k >= 0 and toks[k].text not in (";", "{", "}", "if") and not (toks[k].kind == "ident" and toks[k].text == "every"):
+        if toks[k].first_on_line:
+            return False
+        k -= 1
+    return k >= 0 and toks[k].text == "every"
+
+
+def operator_line_problems(source: str) -> list[tuple[int, int, str]]:
+    """A line in a query that starts with a binary operator after a complete expression
+    (`y := input.a` then `-1 < y`): OPA and rego-cpp both read it as continuing the line before
+    (`y := input.a - 1 < y`); OPA then refuses the unsafe `y`, rego-cpp evaluates it (false). In
+    array, object and call brackets (`[\n -1,\n -2]`) and before a comprehension's `|` the newline
+    never ended anything, so those lines are left alone."""
+    toks = tokens(source)
+    out: list[tuple[int, int, str]] = []
+    queries: list[bool] = []  # per open bracket: is its content (now) a query
+    for j, t in enumerate(toks):
+        if (t.first_on_line and t.kind == "op" and t.text in _BINARY and queries and queries[-1]
+                and _term_end(toks[j - 1])):
+            line_text = source.splitlines()[t.line - 1].strip()
+            out.append((t.line, t.col, (
+                f"a line starting with `{t.text}` continues the expression on the line before (`{line_text}` "
+                "is read as its right-hand side), in OPA as in rego-cpp; OPA then refuses a variable that "
+                "becomes unsafe where rego-cpp evaluates it, silently. End the line before with the "
+                "operator to continue it, or start the new expression with a term (`y > -1`, not `-1 < y`)")))
+        if t.kind == "op" and t.text in "([{":
+            queries.append(t.text == "{" and _query_brace(toks, j))
+        elif t.kind == "op" and t.text in ")]}":
+            if queries:
+                queries.pop()
+        elif t.kind == "op" and t.text == "|" and queries and toks[j - 1].text != "|":
+            queries[-1] = True  # a comprehension's body follows its `|`
+    return out
+
+
 def v1_problems(source: str) -> list[tuple[int, int, str]]:
     """(line, col, message) for each construct OPA v1 refuses and rego-cpp reads differently."""
-    out: list[tuple[int, int, str]] = set_head_problems(source)
+    out: list[tuple[int, int, str]] = set_head_problems(source) + operator_line_problems(source)
     for h in find_v0_heads(source):
         if h.contains_at is not None:
             meaning = "rego-cpp reads it as a rule building an object of `true`s, OPA v0 as a set"

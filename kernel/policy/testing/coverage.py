@@ -59,11 +59,14 @@ class RegoLineCoverage:
         """Merge the lines that the tests of ``test_file`` which ran (passed, failed or errored;
         not skipped) evaluated."""
         # As the test runner runs it: idioms.py's load-time rewrites applied (lines kept).
-        source, key = rewrite_idioms(test_file.read_text(encoding="utf-8")).source, str(test_file)
+        rewrite, key = rewrite_idioms(test_file.read_text(encoding="utf-8")), str(test_file)
+        source = rewrite.source
         package = results[0].name.rsplit(".", 1)[0] if results else ""
-        # A test that crashed the engine or ran out of time would only do it again.
-        ran = [r.name[len(package) + 1 :] for r in results
-               if r.file == key and r.status != "skip" and not r.message.startswith(_NOT_AGAIN)]
+        # A test that crashed the engine or ran out of time would only do it again; a file the
+        # load gate refuses (its tests are ERRORs naming why) has nothing to measure.
+        ran = [] if rewrite.problems else [
+            r.name[len(package) + 1 :] for r in results
+            if r.file == key and r.status != "skip" and not r.message.startswith(_NOT_AGAIN)]
         cover = instrument_tests(dict(self.bundle.runnable_modules), self.bundle.entrypoint, key, source, ran)
         if key in cover.probes.skipped:
             self.errors.append(f"{key}: {cover.probes.skipped[key]}")

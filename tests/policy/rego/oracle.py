@@ -28,7 +28,9 @@ def regorus_eval(modules: list[str], data: Any, input_doc: Any, query: str) -> t
         engine.add_data_json(json.dumps(data or {}))
         engine.set_input_json(json.dumps(input_doc))
         out = json.loads(engine.eval_query_as_json(query))
-    except Exception as exc:
+    except BaseException as exc:  # a Rust panic (pyo3's PanicException) is a BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
         return "error", str(exc).strip()
     return "result", [r["bindings"] for r in out.get("result", [])]
 

@@ -52,7 +52,7 @@ def test_every_known_difference_says_what_opa_answers_in_the_case_shape() -> Non
 
 
 def test_the_regorus_skips_are_few_and_each_has_a_reason() -> None:
-    assert len(SKIPPED) <= 18, [n for _, n, _ in SKIPPED]
+    assert len(SKIPPED) <= 20, [n for _, n, _ in SKIPPED]
     assert all(len(c["regorus_skip"]) > 30 for _, _, c in SKIPPED)
 
 

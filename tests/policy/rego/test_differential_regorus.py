@@ -3,8 +3,9 @@ kernel's worker pool) and by regorus (tests/policy/rego/oracle.py); every rule m
 divergence fails with the shrunk program and input.
 
 The grammar covers comparisons, arithmetic, string built-ins, `in`, `some`, `every`,
-comprehensions, partial sets and objects, `else`, `not`, helper functions, `x[_]` access and
-iterated call arguments (rewritten at load). It leaves out what docs/policy.md lists as a known
+comprehensions, partial sets and objects, `else`, `not`, helper functions, `x[_]` access,
+iterated call arguments and iterated references in head values and comprehension heads
+(rewritten at load). It leaves out what docs/policy.md lists as a known
 difference, each where it is left out. Calls are type-guarded (`is_string`, `is_number`), since
 regorus raises a failing built-in where OPA (and rego-cpp) make it undefined.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -23,7 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernel.errors import ValidationError
+from kernel.policy.numbers import unrepresentable_number
 from kernel.policy.rego import RegoEngine, compile_rego_bundle
+from tests.policy.oracle.strategies import number_lexemes
 
 from .oracle import norm, regorus_eval
 
@@ -32,13 +36,39 @@ RULES = ("r0", "r1", "r2")
 
 # Strings without control characters, `"` or `\`: rego-cpp holds strings JSON-escaped, so
 # `count`, `substring` and friends see escape sequences (known difference escaped-string-length).
-_CHARS = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters='"\\')
+# No non-ASCII letter with a case mapping: rego-cpp's upper/lower map ASCII only (known
+# difference upper-lower-ascii-only); CJK, symbols and emoji stay in.
+_CHARS = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters='"\\').filter(
+    lambda c: c.isascii() or c.upper() == c == c.lower())
 strings = st.text(_CHARS, max_size=6)
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 small = st.integers(min_value=-20, max_value=20)
-# Decimals the kernel's input path keeps exactly today (six decimals; exact input numbers are
-# branch fidelity-numbers' work): eighths.
-decimals = st.integers(min_value=-800, max_value=800).map(lambda k: k / 8)
+# Numbers as an agent writes them (tests/policy/oracle/strategies.py: decimals of 1–17 significant
+# digits, exponents, -0, around ±2^53 and int64, around 1000 and 0 by a few ulps), decoded as the
+# kernel decodes a step's args. Those outside what rego-cpp can read back are refused before any
+# engine sees them (kernel/policy/numbers.py): left out here.
+#
+# regorus is not an exact oracle for every float: its JSON reader is not correctly rounded (it reads
+# 999.9999999999999 and 1000.0000000000001 as 1000, `== 1000` true; ~1 in 3 of the 16- and
+# 17-digit decimals and of those past 2^53 come back an ulp or more off, measured), where OPA keeps
+# json.Number exact and so does Regent's path. Decimals are kept where regorus reads exactly (the
+# fast path: an integer mantissa up to 2^53, a power of ten up to 22, the product below 2^53 when
+# the exponent is positive); the others are checked against raw regopy by tests/policy/test_differential.py.
+_2_53 = 1 << 53
+
+
+def _regorus_reads_exactly(v: Any) -> bool:
+    if not isinstance(v, float):
+        return True
+    _sign, digits, exp = Decimal(repr(v)).as_tuple()
+    m, e = int("".join(map(str, digits))), int(exp)
+    while m and m % 10 == 0:
+        m, e = m // 10, e + 1
+    return m <= _2_53 and (m * 10**e <= _2_53 if e >= 0 else -e <= 22)
+
+
+decimals = (number_lexemes(out_of_range=False).map(json.loads)
+            .filter(lambda v: unrepresentable_number(v) is None and _regorus_reads_exactly(v)))
 scalars = st.one_of(st.none(), st.booleans(), ints, small, decimals, strings)
 json_values = st.recursive(scalars, lambda kids: st.one_of(
     st.lists(kids, max_size=4), st.dictionaries(st.sampled_from("abcs"), kids, max_size=3)), max_leaves=10)
@@ -96,12 +126,14 @@ def text(draw: Any, depth: int = 0) -> str:
     if kind == "trim":
         return f"trim_space({draw(text(depth + 1))})"
     if kind == "replace":
-        # A non-empty `old`: rego-cpp loops forever on replace(x, "", y) (known difference replace-empty-old).
-        return f"replace({draw(text(depth + 1))}, {_lit(draw(strings.filter(bool)))}, {_lit(draw(strings))})"
+        # `old` may be "" (literal or input.t): rego-cpp never returned from that before guards.py.
+        old = draw(st.one_of(strings.map(_lit), st.just('""'), st.just("input.t")))
+        return f"replace({draw(text(depth + 1))}, {old}, {_lit(draw(strings))})"
     if kind == "substring":
         return f"substring({draw(text(depth + 1))}, {draw(st.integers(0, 3))}, {draw(st.integers(0, 4))})"
     if kind == "sprintf":
-        return f'sprintf("%v-%d", [{draw(text(depth + 1))}, {draw(st.integers(-99, 99))}])'
+        # Non-negative %d: regorus writes sprintf("%d", [-1]) as "--1" (Go, so OPA: "-1").
+        return f'sprintf("%v-%d", [{draw(text(depth + 1))}, {draw(st.integers(0, 99))}])'
     return kind
 
 
@@ -157,7 +189,8 @@ def body(draw: Any) -> str:
 
 @st.composite
 def rule(draw: Any, name: str) -> str:
-    kind = draw(st.sampled_from(["bool", "num", "text", "else", "set", "object", "acomp", "scomp", "ocomp"]))
+    kind = draw(st.sampled_from(["bool", "num", "text", "else", "set", "object", "acomp", "scomp", "ocomp",
+                                 "hset", "hcomp"]))
     b = draw(body())
     if kind == "bool":
         return f"{name} if {{ {b} }}"
@@ -178,6 +211,10 @@ def rule(draw: Any, name: str) -> str:
     # ("statements not scheduled"), which OPA evaluates.
     if kind == "acomp":
         return f"{name} := a if {{ {b}; a := [y | some x in input.xs; is_number(x); y := x * {draw(st.integers(0, 9))}] }}"
+    if kind == "hset":  # an iterated reference in a head's composite value (idioms.py binds it in the body)
+        return f"{name} contains {{\"v\": input.ss[_], \"n\": {draw(small)}}} if {{ {b} }}"
+    if kind == "hcomp":  # an iterated call argument in a comprehension's head (stays inside it)
+        return f"{name} := a if {{ {b}; a := [upper(input.ss[_]) | true] }}"
     if kind == "scomp":
         return f"{name} := a if {{ {b}; a := {{u | some w in input.ss; u := upper(w)}} }}"
     return f"{name} := a if {{ {b}; a := {{k: c | some k, v in input.o; c := count([v])}} }}"
@@ -210,6 +247,7 @@ def regent_answers(engine: RegoEngine, source: str, document: dict[str, Any]) ->
     return out
 
 
+@pytest.mark.timeout(max(120, 2 * EXAMPLES))  # ~0.3 s an example on a loaded machine; the suite's 120 s cut a long run
 @settings(max_examples=EXAMPLES, derandomize=EXAMPLES <= 200, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 @given(source=programs(), document=inputs)
@@ -225,5 +263,9 @@ def test_regent_decides_every_generated_rule_as_regorus_does(engine: RegoEngine,
         assert kind == "result", f"regorus: {theirs}\n{source}\ninput: {json.dumps(document)}"
         assert "error" not in mine, f"{r}: Regent: {mine['error']}\n{source}\ninput: {json.dumps(document)}"
         want = [{"x": mine["value"]}] if "value" in mine else []
+        if theirs == [] and want == [{"x": []}] and f'{r} contains {{"v": input.ss[_]' in source:
+            # regorus leaves a set rule whose head iterates `x[_]` undefined when it has no member;
+            # OPA's partial sets are always defined (empty), as Regent answers.
+            continue
         assert norm(want, True) == norm(theirs, True), (
             f"{r} differs: Regent {want}, regorus {theirs}\n{source}\ninput: {json.dumps(document, ensure_ascii=False)}")

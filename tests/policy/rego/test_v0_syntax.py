@@ -12,7 +12,13 @@ import pytest
 from kernel.cli import main
 from kernel.errors import ValidationError
 from kernel.policy.rego import RegoEngine, compile_rego_bundle, parse_rego_bundle
-from kernel.policy.rego.v0_syntax import rewrite_v0_v1, set_head_problems, v1_problems
+from kernel.policy.rego.idioms import rewrite_idioms
+from kernel.policy.rego.v0_syntax import (
+    operator_line_problems,
+    rewrite_v0_v1,
+    set_head_problems,
+    v1_problems,
+)
 from kernel.policy.testing.rego_tests import run_rego_test_file
 
 from .conftest import step
@@ -219,3 +225,44 @@ def test_ref_heads_with_if_a_value_or_a_longer_path_are_not_bare_set_heads() -> 
     source = ('package t\n\np[k] := 1 if { some k in ["a"] }\nq.r["a"]\nf(x) if { x }\n'
               'p2[x].y := 1 if { x := "a" }\np3[x] if { some x in ["a"] }\np4["a"] if { true }\n')
     assert set_head_problems(source) == []
+
+
+@pytest.mark.parametrize(("body", "where"), [
+    ("y := input.a\n\t-1 < y", (6, 2)),  # OPA: `y` unsafe; rego-cpp: false
+    ("x := input.a\n\t== 5", (6, 2)),
+    ("x := [a |\n\ta := input.b[_]\n\t-1 < a]", (7, 2)),  # a comprehension's body is a query
+    ("every v in input.xs {\n\tv > 1\n\t* 2 }", (7, 2)),
+])
+def test_a_query_line_starting_with_a_binary_operator_is_refused_where_it_is(body: str, where: tuple[int, int]) -> None:
+    source = f"package t\nimport rego.v1\n\np if {{\n\t{body}\n}}\n"
+    problems = operator_line_problems(source)
+    assert [(line, col) for line, col, _ in problems] == [where], problems
+    assert "End the line before with the operator" in problems[0][2]
+    assert v1_problems(source) == problems
+
+
+def test_operator_lines_inside_literals_and_before_a_comprehension_bar_are_accepted() -> None:
+    source = ('package t\n\np if {\n\txs := [\n\t\t-1,\n\t\t-2,\n\t]\n\tys := [y\n\t\t| some y in xs]\n'
+              '\to := {"a": 1,\n\t\t"b": -2}\n\tz := input.a -\n\t\t1 < 2\n}\nq := input.a\n\t+ 1\n')
+    assert operator_line_problems(source) == []
+
+
+def test_iterated_references_in_head_values_are_bound_at_the_end_of_the_body_lines_kept() -> None:
+    source = ('package t\n\np := [input.b[_], 1]\nq contains {"n": input.i[_].n} if {\n\tcount(input.i) > 0\n}\n'
+              'r := {k: input.b[_] | k := "x"}\n')
+    out = rewrite_idioms(source)
+    assert out.source.splitlines()[2:7] == [
+        "p := [__arg2, 1] if { __arg2 := input.b[_] }",
+        'q contains {"n": __arg3} if {',
+        "\tcount(input.i) > 0; __arg3 := input.i[_].n",
+        "}",
+        'r := {k: __arg1 | k := "x"; __arg1 := input.b[_]}',
+    ]
+    assert [line for line, _, _ in out.notes] == [3, 4, 7] and not out.problems
+
+
+def test_an_iterated_reference_in_a_head_value_with_else_is_refused_with_the_rewrite() -> None:
+    out = rewrite_idioms("package t\n\np := [input.b[_]] if { true } else := 1\n")
+    [(line, col, message)] = out.problems
+    assert (line, col) == (3, 7)
+    assert "with `else`" in message and "`p := [v] if { v := x[_] }`" in message
