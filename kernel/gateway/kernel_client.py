@@ -21,6 +21,22 @@ class Lease:
     agent_secret: str
 
 
+async def post_signed(http: httpx.AsyncClient, lease: Lease, path: str, payload: Any) -> httpx.Response:
+    """POST `payload` to the kernel's agent route `path`, signed under `lease` as the official SDK signs."""
+    body = json.dumps(payload).encode("utf-8")
+    stamp = str(int(time.time()))
+    headers = {
+        "Content-Type": "application/json",
+        "Rebuno-Agent-Id": lease.agent_id,
+        "Rebuno-Timestamp": stamp,
+        "Rebuno-Dispatch-Id": lease.dispatch_id,
+        "Rebuno-Dispatch-Attempt": lease.dispatch_attempt,
+        "Rebuno-Signature": sign_request(lease.agent_secret, "POST", path, stamp, lease.dispatch_id,
+                                         lease.dispatch_attempt, body),
+    }
+    return await http.post(path, content=body, headers=headers)
+
+
 class KernelClient:
     """Signs each request with the lease's agent secret, as the official SDK does."""
 
@@ -28,18 +44,7 @@ class KernelClient:
         self.http = http
 
     async def send(self, lease: Lease, path: str, payload: Any) -> httpx.Response:
-        body = json.dumps(payload).encode("utf-8")
-        stamp = str(int(time.time()))
-        headers = {
-            "Content-Type": "application/json",
-            "Rebuno-Agent-Id": lease.agent_id,
-            "Rebuno-Timestamp": stamp,
-            "Rebuno-Dispatch-Id": lease.dispatch_id,
-            "Rebuno-Dispatch-Attempt": lease.dispatch_attempt,
-            "Rebuno-Signature": sign_request(lease.agent_secret, "POST", path, stamp, lease.dispatch_id,
-                                             lease.dispatch_attempt, body),
-        }
-        return await self.http.post(path, content=body, headers=headers)
+        return await post_signed(self.http, lease, path, payload)
 
     async def submit(self, lease: Lease, model: str, body: Any) -> httpx.Response:
         return await self.send(lease, f"/v0/executions/{lease.execution_id}/steps",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import Counter
@@ -14,8 +13,7 @@ from typing import Any
 
 import httpx
 
-from kernel.gateway.kernel_client import Lease
-from kernel.signing import sign_request
+from kernel.gateway.kernel_client import Lease, post_signed
 
 log = logging.getLogger("regent.mcp")
 
@@ -31,18 +29,7 @@ class AgentLink:
         return Lease(execution_id, dispatch_id, str(attempt), self.agent_id, self.secret)
 
     async def signed(self, lease: Lease, path: str, payload: Any) -> httpx.Response:
-        body = json.dumps(payload).encode("utf-8")
-        stamp = str(int(time.time()))
-        headers = {
-            "Content-Type": "application/json",
-            "Rebuno-Agent-Id": lease.agent_id,
-            "Rebuno-Timestamp": stamp,
-            "Rebuno-Dispatch-Id": lease.dispatch_id,
-            "Rebuno-Dispatch-Attempt": lease.dispatch_attempt,
-            "Rebuno-Signature": sign_request(lease.agent_secret, "POST", path, stamp, lease.dispatch_id,
-                                             lease.dispatch_attempt, body),
-        }
-        return await self.http.post(path, content=body, headers=headers)
+        return await post_signed(self.http, lease, path, payload)
 
     async def submit(self, lease: Lease, target: str, args: Any, idempotency: str, kind: str = "tool_call") -> httpx.Response:
         return await self.signed(lease, f"/v0/executions/{lease.execution_id}/steps",
