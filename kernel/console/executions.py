@@ -61,7 +61,7 @@ async def list_page(request: Request) -> Response:
         error, status_code = exc.message.removeprefix("validation error: "), 400
         counts = await call(timeline.execution_page, k, agent_id=None, status=None, created_from=None,
                             created_to=None, cursor=None, limit=1)
-        result = timeline.ExecutionPage([], None, counts.counts)
+        result = timeline.ExecutionPage([], None, counts.counts, count_cap=counts.count_cap)
     known = await call(agents.list_agents, k)
     here = urlencode({key: value for key, value in filters.items() if value})
     return page(request, v, "executions.html", status=status_code, section="executions", page=result, filters=filters,

@@ -23,19 +23,19 @@ _DECISIONS = {
 }
 
 
+# The console's status counts stop here: each is an index range read up to it, so a page view costs
+# the same on a store of 10^4 executions and of 10^6 (bench/scale.py), where a full count read the
+# whole status index on every view.
+COUNT_CAP = 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutionPage:
     executions: list[Execution]
     next_cursor: str | None  # older executions: pass as `cursor`
     counts: dict[str, int]  # status → executions (of the agent filter, all time), up to count_cap + 1
     prev_cursor: str | None = None  # newer executions: pass as `newer_than`
-    count_cap: int = 0  # a count above it is shown as "more than count_cap"
-
-
-# The console's status counts stop here: each is an index range read up to it, so a page view costs
-# the same on a store of 10^4 executions and of 10^6 (bench/scale.py), where a full count read the
-# whole status index on every view.
-COUNT_CAP = 10_000
+    count_cap: int = COUNT_CAP  # a count above it is shown as "more than count_cap"
 
 
 _ID_PREFIX = re.compile(r"[0-9a-f-]{1,36}")

@@ -375,6 +375,9 @@ def test_the_executions_list_pages_both_ways_finds_an_id_prefix_and_keeps_a_bad_
     assert page.locator("input[name=q]").input_value() == target[:8]
     assert page.locator("select[name=status]").input_value() == "completed"
     assert page.locator("input[name=from]").get_attribute("value") == "yesterday"
+    # The counts above the error are the store's (a page built for the error once read "0+").
+    pills = page.locator("ul.counts").inner_text()
+    assert "+" not in pills and "completed" in pills, pills
     screen(page, "executions-bad-date")
 
 
