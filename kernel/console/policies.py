@@ -166,11 +166,37 @@ async def upload(agent_id: str, request: Request) -> Response:
     return redirect(request, f"/console/policies?agent_id={agent_id}&stored={seq}")
 
 
+@router.get("/console/policies/{agent_id}/revisions/{seq}/activate")
+async def confirm_activate(agent_id: str, seq: int, request: Request) -> Response:
+    """The confirmation step of a re-activation: which revision will decide, and what changes."""
+    return await _activate_page(request, agent_id, seq)
+
+
+async def _activate_page(request: Request, agent_id: str, seq: int, status: int = 200, error: str = "") -> Response:
+    v = await viewer(request)
+    require(v, "policies:write")
+    check_text(agent_id, "agent id")
+    if not 1 <= seq <= policies.MAX_REVISION_SEQ:  # a number no store column holds: a 400, as the core says
+        raise ValidationError(f"validation error: a revision is numbered 1-{policies.MAX_REVISION_SEQ}")
+    policies.refuse_if_pulled(kernel_of(request), agent_id, _actor(v), "re-activating a revision")
+    ctx = await call(_overview, kernel_of(request), agent_id)
+    chosen = next((r for r in ctx["revisions"] if r.seq == seq), None)
+    if chosen is None:
+        raise NotFound(f"agent {agent_id!r} has no revision #{seq}")
+    active = ctx["active"]
+    changes = diff(active, chosen) if active is not None and active.seq != chosen.seq else []
+    return page(request, v, "activate.html", status=status, section="policies", error=error, chosen=chosen,
+                changes=changes, **ctx)
+
+
 @router.post("/console/policies/{agent_id}/revisions/{seq}/activate")
 async def activate(agent_id: str, seq: int, request: Request) -> Response:
     v = await viewer(request)
-    await form(request, v)
+    fields = await form(request, v)
     require(v, "policies:write")
+    if fields.get("confirm") != "yes":  # posted without the confirmation page's own button
+        return await _activate_page(request, agent_id, seq, status=400,
+                                    error="Nothing was activated: confirm on this page to re-activate the revision.")
     await call(policies.activate_revision, kernel_of(request), agent_id, seq, _actor(v))
     return redirect(request, f"/console/policies?agent_id={agent_id}&activated={seq}")
 

@@ -223,6 +223,10 @@ def test_upload_activates_a_new_revision_shows_the_diff_and_an_old_one_can_be_re
     assert "+  - id: no-listing" in added
     shot(page, "policies-diff")
     page.locator("tr", has_text=f"{old}").locator("text=Re-activate").first.click()
+    # a confirmation page names the revision and what changes; nothing is activated until it is confirmed
+    assert ck.api.http.get("/v0/policies/ops").json()["seq"] == new
+    assert "no-listing" in page.locator("#activate-diff").inner_text()
+    page.click("#activate-confirm button[name=confirm]")
     page.locator(".notice.ok", has_text=f"#{old}").wait_for()
     assert ck.api.http.get("/v0/policies/ops").json()["seq"] == old
 

@@ -78,6 +78,17 @@ def test_the_revision_history_says_who_stored_and_who_last_activated_each_revisi
     stored_at = row.locator(".stored-at").inner_text()
     assert "manifest" in row.locator(".stored-by").inner_text()  # provisioned from regent.yaml
     row.locator("text=Re-activate").click()
+    page.locator("#activate-confirm").wait_for()
+    assert ck.api.http.get("/v0/policies/ops").json()["seq"] != first  # the click only asked
+    assert "dev (anonymous admin)" in page.locator("main").inner_text()  # who the history will name
+    shot(page, "activate-confirm")
+    # The form without its confirming button's value: what a stray Enter or scripted submit sends.
+    page.evaluate("document.querySelector('#activate-confirm button[name=confirm]').removeAttribute('name')")
+    page.click("#activate-confirm button")
+    page.locator("#activate-error").wait_for()
+    assert "Nothing was activated" in page.locator("#activate-error").inner_text()
+    assert ck.api.http.get("/v0/policies/ops").json()["seq"] != first
+    page.click("#activate-confirm button[name=confirm]")  # the confirmation step, confirmed
     page.locator(".notice.ok", has_text=f"#{first}").wait_for()
     row = page.locator(f"#revision-{first}")
     activated = ck.api.http.get("/v0/policies/ops").json()
