@@ -63,30 +63,6 @@ class Store:
 
 
 @contextlib.contextmanager
-def _pg_from_template(admin_url: str, template: str | None) -> Iterator[str]:
-    if template is None:
-        with pg_scratch(admin_url) as url:
-            yield url
-        return
-    from sqlalchemy import create_engine, text
-
-    from kernel.store.postgres import driver_url
-
-    name = f"regent_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(driver_url(admin_url), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
-        try:
-            yield admin_url.rsplit("/", 1)[0] + "/" + name
-        finally:
-            with admin.connect() as c:
-                c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
-
-
-@contextlib.contextmanager
 def stores(kind: str, n: int, tmp: Path, pg_url: str, log: list[str]) -> Iterator[dict[str, Store]]:
     """empty, small (n / 10, none expired), big (n, n / 10 expired): copies of the cached stores."""
     sizes = {"empty": (0, 0), "small": (n // 10, 0), "big": (n, n // 10)}
@@ -99,7 +75,7 @@ def stores(kind: str, n: int, tmp: Path, pg_url: str, log: list[str]) -> Iterato
                 url = yearold.sqlite_store(size, expired, dest, log) if size else f"sqlite:///{dest}"
             else:
                 tpl = yearold.postgres_template(pg_url, size, expired, log) if size else None
-                url = stack.enter_context(_pg_from_template(pg_url, tpl))
+                url = stack.enter_context(pg_scratch(pg_url, tpl))
             out[label] = Store(label, url, size)
             log.append(f"{kind} {label}: ready in {time.monotonic() - t:.1f} s")
         for s in out.values():

@@ -119,9 +119,10 @@ DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 @contextlib.contextmanager
-def pg_scratch(admin_url: str) -> Iterator[str]:
-    """CREATE DATABASE regent_bench_<rand> on the server of `admin_url`; DROP … WITH (FORCE) after.
-    Raises (for the caller to turn into a skip note) when the server is unreachable."""
+def pg_scratch(admin_url: str, template: str | None = None) -> Iterator[str]:
+    """CREATE DATABASE regent_bench_<rand> on the server of `admin_url` (a copy of `template` when
+    given); DROP … WITH (FORCE) after. Raises (for the caller to turn into a skip note) when the
+    server is unreachable."""
     from sqlalchemy import create_engine, text
 
     from kernel.store.postgres import driver_url
@@ -131,7 +132,7 @@ def pg_scratch(admin_url: str) -> Iterator[str]:
                           connect_args={"connect_timeout": 3})
     try:
         with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}"'))
+            c.execute(text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")))
         try:
             yield admin_url.rsplit("/", 1)[0] + "/" + name
         finally:

@@ -7,14 +7,13 @@ call; `decision_json` is the one rendering of a record.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import bisect
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kernel.clock import rfc3339
+from kernel.core import cursor
 from kernel.core.kernel import Kernel
 from kernel.core.retention import delete_in_batches
 from kernel.domain import Approval, Decision, DecisionOutcome, DecisionRecord, Execution
@@ -84,21 +83,12 @@ class DecisionPage:
 
 
 def encode_cursor(r: DecisionRecord) -> str:
-    raw = f"{r.decided_at.isoformat()}|{r.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return cursor.encode_cursor(r.decided_at, r.id)
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
+def decode_cursor(text: str) -> tuple[datetime, str]:
     """(decided_at, id) from an opaque cursor; ValidationError when it is not one of ours."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        at, _, rid = raw.partition("|")
-        when = datetime.fromisoformat(at)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise invalid("cursor is not a decisions cursor") from None
-    if when.tzinfo is None or not rid or len(rid) > 36:
-        raise invalid("cursor is not a decisions cursor")
-    return when, rid
+    return cursor.decode_cursor(text, "a decisions cursor")
 
 
 def list_decisions(k: Kernel, q: DecisionQuery) -> DecisionPage:

@@ -4,11 +4,10 @@ why a visitor may not decide a row, and the latest resolved ones."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from kernel.core import cursor
 from kernel.core.approvals import Principal, _refuse_self_approval
 from kernel.core.kernel import Kernel
 from kernel.domain import Approval, ApprovalStatus, Step
@@ -63,19 +62,11 @@ class Inbox:
 
 
 def encode_cursor(a: Approval) -> str:
-    return base64.urlsafe_b64encode(f"{a.created_at.isoformat()}|{a.id}".encode()).decode().rstrip("=")
+    return cursor.encode_cursor(a.created_at, a.id)
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        at, _, aid = raw.partition("|")
-        when = datetime.fromisoformat(at)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise invalid("cursor is not an inbox cursor") from None
-    if when.tzinfo is None or not aid or len(aid) > 36:
-        raise invalid("cursor is not an inbox cursor")
-    return when, aid
+def decode_cursor(text: str) -> tuple[datetime, str]:
+    return cursor.decode_cursor(text, "an inbox cursor")
 
 
 def refusal(k: Kernel, tx: Tx, a: Approval, principal: Principal) -> str | None:
