@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import tarfile
 import tracemalloc
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernel.errors import ValidationError
 from kernel.policy.cases import parse_cases
@@ -143,3 +146,24 @@ def test_a_manifest_refuses_an_ambiguous_number_with_file_and_line(tmp_path: pyt
                     "    lease_timeout_seconds: 0600\n")
     with pytest.raises(ConfigError, match=r"regent.yaml:5"):
         load_manifest(path, {})
+
+
+# YAML 1.2's core schema reads every JSON number as JSON does (its JSON schema is a subset): an
+# independent answer for the number reading the case files, bundles, data.yaml and manifests share.
+_INT = st.integers(min_value=-(10**30), max_value=10**30).map(str)
+_DECIMAL = st.builds(lambda i, f: f"{i}.{f}", st.integers(-(10**9), 10**9).map(str),
+                     st.text("0123456789", min_size=1, max_size=17))
+_EXPONENT = st.builds(lambda m, e, mark, sign: f"{m}{mark}{sign}{e}", st.one_of(_INT, _DECIMAL),
+                      st.integers(0, 300), st.sampled_from("eE"), st.sampled_from(["", "+", "-"]))
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.one_of(_INT, _DECIMAL, _EXPONENT))
+def test_a_json_number_reads_as_json_reads_it(text: str) -> None:
+    want = json.loads(text)
+    if isinstance(want, float) and not math.isfinite(want):
+        with pytest.raises(ValidationError):  # beyond float64: refused (docs/testing-policies.md)
+            safe_load(f"v: {text}\n")
+        return
+    got = safe_load(f"v: {text}\n")["v"]
+    assert type(got) is type(want) and got == want, (text, got, want)
