@@ -77,11 +77,11 @@ def page(browser: Any) -> Iterator[Any]:
         ctx.close()
 
 
-def shot(pg: Any, name: str) -> Path:
-    """A screenshot of the whole page under test-output/console/ (git-ignored)."""
+def shot(pg: Any, name: str, full: bool = True) -> Path:
+    """A screenshot of the page (the whole of it unless `full` is False) under test-output/console/ (git-ignored)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
-    pg.screenshot(path=str(path), full_page=True)
+    pg.screenshot(path=str(path), full_page=full)
     return path
 
 

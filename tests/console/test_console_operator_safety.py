@@ -19,7 +19,6 @@ import secrets
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,7 +50,6 @@ from tests.support import ServerThread
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 BOOT = "operator-safety-bootstrap-token"
-SCREENS = Path("/work/helpers/screens")
 KEYS = {
     "oncall": ["approvals:read", "approvals:write", "executions:read"],
     "intern": ["approvals:read", "approvals:write"],
@@ -62,12 +60,8 @@ KEYS = {
 
 
 def screen(pg: Any, name: str, full: bool = True) -> None:
-    """A screenshot for a person to look at, when the helpers' folder exists (and under
-    test-output/console/ like every console test's)."""
-    shot(pg, f"operator-{name}")
-    if SCREENS.parent.is_dir():
-        SCREENS.mkdir(exist_ok=True)
-        pg.screenshot(path=str(SCREENS / f"{name}.png"), full_page=full)
+    """A screenshot for a person to look at, under test-output/console/ like every console test's."""
+    shot(pg, f"operator-{name}", full=full)
 
 
 class Console:
