@@ -23,13 +23,17 @@ def url(env: Env, agent: str = "files") -> str:
     return f"{env.gateway.url}/mcp/{agent}"
 
 
-def newest_steps(env: Env, agent: str = "files") -> list[dict[str, Any]]:
-    """The steps of the agent's newest execution once none is still `executing`: the gateway
-    records an outcome while it answers the call (docs/mcp.md), so the record may land just after."""
-    eid = env.executions(agent)[0]["id"]
+def settled_steps(env: Env, eid: str) -> list[dict[str, Any]]:
+    """The execution's steps once none is still `executing`: the gateway records an outcome while
+    it answers the call (docs/mcp.md), so the record may land just after."""
     return list(wait_for(lambda: (steps := env.api.steps(eid)) and
                          all(s["status"] != "executing" for s in steps) and steps,
                          f"the steps of {eid} to settle", timeout=20))
+
+
+def newest_steps(env: Env, agent: str = "files") -> list[dict[str, Any]]:
+    """The steps of the agent's newest execution, settled."""
+    return settled_steps(env, env.executions(agent)[0]["id"])
 
 
 def test_tools_are_listed_under_the_sdk_names_and_an_allowed_call_runs_once_and_is_recorded(env: Env) -> None:
@@ -49,6 +53,9 @@ def test_tools_are_listed_under_the_sdk_names_and_an_allowed_call_runs_once_and_
     assert not read.isError and "(no file a.txt)" in text(read)
     assert stat.structuredContent == {"path": "a.txt", "size": 0, "exists": False}
     assert [e["tool"] for e in env.effect_lines()[before:]] == ["read_file"]
+    # The gateway answers while it records (docs/mcp.md); the execution completes once every record
+    # is written, so the steps are read after that.
+    done = env.api.wait_status(execution["id"], "completed")
     steps = env.api.steps(execution["id"])
     by_target = {s["target"]: s for s in steps}
     assert by_target["fs_read_file"]["status"] == "succeeded"
@@ -58,7 +65,6 @@ def test_tools_are_listed_under_the_sdk_names_and_an_allowed_call_runs_once_and_
     assert by_target["fs_read_file"]["result"] == {"result": "(no file a.txt)"}
     assert by_target["web_stat"]["result"] == {"path": "a.txt", "size": 0, "exists": False}
     # The session ended: its execution is complete, and the console's timeline reads it like any other.
-    done = env.api.wait_status(execution["id"], "completed")
     assert done["input"] == {"mcp": {"transport": "http"}}
     page = httpx.get(f"{env.kernel.url}/console/executions/{execution['id']}", timeout=30)
     assert page.status_code == 200 and "fs_read_file" in page.text and "web_stat" in page.text
@@ -353,7 +359,7 @@ def test_after_the_gateway_is_killed_mid_call_a_reconnecting_client_replays_and_
     assert upstream.count("write_file") == 1 and upstream.count("slow_write.start") == 1, upstream
     assert upstream.count("read_file") == 1, upstream
     assert env.executions()[0]["id"] == eid or any(e["id"] == eid for e in env.executions())
-    steps = env.api.steps(eid)
+    steps = settled_steps(env, eid)
     by = collections.Counter((s["target"], s["status"]) for s in steps)
     assert by[("web_write_file", "succeeded")] == 1 and by[("web_slow_write", "failed")] == 1, by
     assert 'decision="replay"' in env.metrics()
@@ -386,7 +392,7 @@ def test_a_client_that_launches_the_gateway_over_stdio_is_governed_the_same(env:
     assert text(denied) == "rebuno_refusal: denied reason=deletes are not allowed"
     stdio_runs = [e for e in env.executions("local") if e["input"] == {"mcp": {"transport": "stdio"}}]
     assert stdio_runs
-    steps = env.api.steps(stdio_runs[0]["id"])
+    steps = settled_steps(env, stdio_runs[0]["id"])
     assert {(s["target"], s["status"]) for s in steps} == {("fs_read_file", "succeeded"), ("fs_delete_file", "denied")}
 
 
