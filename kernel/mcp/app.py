@@ -11,7 +11,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -24,6 +24,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from kernel.ids import whole_number
 from kernel.manifest import Manifest
+from kernel.mcp.answers import JsonUnlessProgress, serving, wants_stream
 from kernel.mcp.catalog import Metrics
 from kernel.mcp.gateway import AgentGateway
 from kernel.mcp.leases import AgentLink, LeaseBook
@@ -151,26 +152,28 @@ class Gateways:
             vetted = await self._vetted(scope, receive, send)
             if vetted is None:
                 return
-            receive = vetted
+            receive, message = vetted
+            serving(wants_stream(message, headers.get("accept", "")))
         await self.managers[agent_id].handle_request(scope, receive, send)
 
-    async def _vetted(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+    async def _vetted(self, scope: Scope, receive: Receive, send: Send) -> tuple[Receive, Any] | None:
         """Read the body whole (bounded) and refuse JSON nested past the parser's recursion limit
         with a JSON-RPC parse error (the SDK answers it with a 500); the SDK then reads the same
-        bytes."""
+        bytes. Returns that receive and the parsed message (None when it is not JSON)."""
         body = bytearray()
         more = True
         while more:
-            message = await receive()
-            if message["type"] != "http.request":
+            chunk = await receive()
+            if chunk["type"] != "http.request":
                 return None
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+            body += chunk.get("body", b"")
+            more = chunk.get("more_body", False)
             if len(body) > _MAX_MCP_BODY:
                 await _jsonrpc_error(413, -32600, f"request body over {_MAX_MCP_BODY} bytes")(scope, receive, send)
                 return None
+        parsed: Any = None
         try:
-            json.loads(body)
+            parsed = json.loads(body)
         except RecursionError:
             await _jsonrpc_error(400, -32700, "JSON nested too deeply")(scope, receive, send)
             return None
@@ -185,7 +188,7 @@ class Gateways:
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
             return await receive()
 
-        return replay
+        return replay, parsed
 
     def _client_ok(self, gw: AgentGateway, auth: str) -> bool:
         """A client presents the agent's `client_token`, or a kernel API key (checked by the kernel
@@ -200,7 +203,8 @@ class Gateways:
 
     def app(self) -> Starlette:
         for agent_id, gw in self.agents.items():
-            self.managers[agent_id] = StreamableHTTPSessionManager(gw.server, max_request_body_size=_MAX_MCP_BODY)
+            self.managers[agent_id] = StreamableHTTPSessionManager(
+                gw.server, json_response=cast(bool, JsonUnlessProgress()), max_request_body_size=_MAX_MCP_BODY)
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
