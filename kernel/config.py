@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     sqlite_inline_idle_calls: bool = True
     db_pool_size: int = 10
 
+    # The MCP gateway in this process, under /mcp-gateway (`--mcp`; docs/mcp.md, "In the kernel's
+    # process"): its pin file and admin token, as `regent mcp serve` reads them
+    mcp_in_kernel: bool = False
+    mcp_pins_file: str | None = None
+    mcp_admin_token: SecretStr | None = None
+
     # Requests
     max_body_bytes: int = 10 * 1024 * 1024
     # Each request must arrive whole (line, headers, body) within this long of its connection

@@ -51,7 +51,8 @@ class Gateways:
     lease book, one pin file and one metrics registry."""
 
     def __init__(self, manifest: Manifest, kernel_url: str, *, kernel_token: str | None, admin_token: str | None,
-                 pins_path: Path | None, only: str | None = None):
+                 pins_path: Path | None, only: str | None = None, link: type[AgentLink] = AgentLink,
+                 link_args: tuple[Any, ...] = ()):
         self.kernel_url, self.kernel_token, self.admin_token = kernel_url, kernel_token, admin_token
         agents = [a for a in manifest.agents if a.mcp is not None and (only is None or a.id == only)]
         self.pins = PinStore(pins_path, {a.id: a.mcp.pins for a in agents if a.mcp is not None})
@@ -63,9 +64,9 @@ class Gateways:
         self.links: dict[str, AgentLink] = {}
         for a in agents:
             assert a.mcp is not None
-            link = AgentLink(self.http, a.id, a.secret, kernel_token)
-            self.links[a.id] = link
-            self.agents[a.id] = AgentGateway(a.id, a.mcp, link, self.book, self.pins, self.metrics)
+            link_ = link(self.http, a.id, a.secret, kernel_token, *link_args)
+            self.links[a.id] = link_
+            self.agents[a.id] = AgentGateway(a.id, a.mcp, link_, self.book, self.pins, self.metrics)
         self.managers: dict[str, StreamableHTTPSessionManager] = {}
 
     async def start(self) -> None:
@@ -201,30 +202,38 @@ class Gateways:
             return True
         return gw.cfg.client_token is None and not bearer
 
-    def app(self) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The session managers and the upstreams, for as long as the app serves."""
+        async with contextlib.AsyncExitStack() as stack:
+            for m in self.managers.values():
+                await stack.enter_async_context(m.run())
+            await self.start()
+            try:
+                yield
+            finally:
+                await self.close()
+
+    def app(self, *, lifespan: bool = True) -> Starlette:
+        """The gateway's routes; with `lifespan=False` the caller runs `running()` itself (a
+        mounted app's lifespan is not run: the kernel's own lifespan runs it, kernel/mcp/inkernel.py)."""
         for agent_id, gw in self.agents.items():
             self.managers[agent_id] = StreamableHTTPSessionManager(
                 gw.server, json_response=cast(bool, JsonUnlessProgress()), max_request_body_size=_MAX_MCP_BODY)
 
         @contextlib.asynccontextmanager
-        async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            async with contextlib.AsyncExitStack() as stack:
-                for m in self.managers.values():
-                    await stack.enter_async_context(m.run())
-                await self.start()
-                try:
-                    yield
-                finally:
-                    await self.close()
+        async def own_lifespan(app: Starlette) -> AsyncIterator[None]:
+            async with self.running():
+                yield
 
-        return Starlette(routes=[
+        return Starlette(lifespan=own_lifespan if lifespan else None, routes=[
             Route("/mcp/{agent_id}", endpoint=_Asgi(self.mcp), methods=["GET", "POST", "DELETE"]),
             Route("/webhooks/{agent_id}", self.webhook, methods=["POST"]),
             Route("/metrics", self.metrics_route, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/pins/{agent_id}", self.pins_list, methods=["GET"]),
             Route("/pins/{agent_id}", self.pins_approve, methods=["POST"]),
-        ], lifespan=lifespan)
+        ])
 
 
 class _Asgi:

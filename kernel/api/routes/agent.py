@@ -28,8 +28,10 @@ from kernel.api.deps import (
     step_param,
     uuid_param,
 )
+from kernel.api.metrics import ApiMetrics
 from kernel.api.render import JSONResponse, execution_json, step_json
 from kernel.core import executions, resources, sessions, steps
+from kernel.core.kernel import Kernel
 from kernel.domain import StepKind
 from kernel.errors import Forbidden, ValidationError
 from kernel.identity import canonical_hash, canonical_json
@@ -143,11 +145,20 @@ class MetadataBody(Strict):
              openapi_extra=schema.operation(SubmitBody, answer=schema.DECISION, overrides=_SUBMIT_ENUMS))
 async def submit_step(execution_id: str, request: Request) -> Response:
     a = await auth_of(request).agent(request, "repeatable", with_call=True)
+    answer = await submit(kernel_of(request), request.app.state.metrics, a.agent_id, execution_id,
+                          a.dispatch_id, a.dispatch_attempt, a.body)
+    return JSONResponse(answer.to_json())
+
+
+async def submit(k: Kernel, metrics: ApiMetrics, agent_id: str, execution_id: str, dispatch_id: str | None,
+                 dispatch_attempt: str | None, raw: bytes) -> steps.StepAnswer:
+    """A step's submission once its caller is known to be `agent_id`: the route's work after the
+    signature, and the in-kernel MCP gateway's submission (kernel/mcp/inkernel.py), one code path."""
     eid = uuid_param(execution_id, "execution id")
-    body = parse_model(SubmitBody, a.body, lexical=True)
+    body = parse_model(SubmitBody, raw, lexical=True)
     if body.kind not in _KINDS:
         raise ValidationError(f"validation error: unknown kind {body.kind!r} (tool_call, llm_call or local)")
-    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    did, attempt = lease(dispatch_id, dispatch_attempt)
     text = canonical_json(dumps_lexical(body.args)) if body.args is not None else "null"
     req = steps.StepRequest(
         kind=body.kind,
@@ -158,33 +169,39 @@ async def submit_step(execution_id: str, request: Request) -> Response:
         idempotency=body.idempotency,
         resources=tuple(dict.fromkeys(body.resources or ())),
     )
-    k = kernel_of(request)
     try:
-        answer = await call_hot(steps.submit_step, k, a.agent_id, eid, did, attempt, req)
+        answer = await call_hot(steps.submit_step, k, agent_id, eid, did, attempt, req)
     except steps.JudgeNeeded as need:
         # A judge rule: ask the model here, on the event loop, with no transaction open and no
         # lane thread held; then decide again with its answer (kernel.core.steps.JudgeNeeded).
         verdict = await k.judge.ask(need.spec, need.input)
-        answer = await call_hot(steps.submit_step, k, a.agent_id, eid, did, attempt, req, {need.rule_id: verdict})
-    request.app.state.metrics.decision(req.kind, answer.decision, a.agent_id, answer.decided_rule)
-    return JSONResponse(answer.to_json())
+        answer = await call_hot(steps.submit_step, k, agent_id, eid, did, attempt, req, {need.rule_id: verdict})
+    metrics.decision(req.kind, answer.decision, agent_id, answer.decided_rule)
+    return answer
 
 
 async def _outcome(request: Request, execution_id: str, step_id: str, failed: bool) -> Response:
     a = await auth_of(request).agent(request, "once", with_call=True)
+    answer = await outcome(kernel_of(request), request.app.state.metrics, a.agent_id, execution_id, step_id,
+                           a.dispatch_id, a.dispatch_attempt, a.body, failed)
+    return JSONResponse(answer.to_json())
+
+
+async def outcome(k: Kernel, metrics: ApiMetrics, agent_id: str, execution_id: str, step_id: str,
+                  dispatch_id: str | None, dispatch_attempt: str | None, raw: bytes,
+                  failed: bool) -> steps.StepAnswer:
+    """A step's result or error once its caller is known to be `agent_id` (as `submit`)."""
     eid = uuid_param(execution_id, "execution id")
     if failed:
-        fb = parse_model(FailStepBody, a.body)
+        fb = parse_model(FailStepBody, raw)
         kwargs: dict[str, Any] = {"error": fb.error, "failed": True, **fb.parsed()}
     else:
-        cb = parse_model(CompleteStepBody, a.body)
+        cb = parse_model(CompleteStepBody, raw)
         kwargs = {"result": cb.result, **cb.parsed()}
-    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
-    answer = await call_hot(
-        steps.record_outcome, kernel_of(request), a.agent_id, eid, step_param(step_id), did, attempt, **kwargs
-    )
-    request.app.state.metrics.outcome(failed, answer.decision)
-    return JSONResponse(answer.to_json())
+    did, attempt = lease(dispatch_id, dispatch_attempt)
+    answer = await call_hot(steps.record_outcome, k, agent_id, eid, step_param(step_id), did, attempt, **kwargs)
+    metrics.outcome(failed, answer.decision)
+    return answer
 
 
 @_hot("/v0/executions/{execution_id}/steps/{step_id}/complete",
