@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
-
 from kernel.core import events as ev
 from kernel.core.kernel import Kernel
 from kernel.core.leases import require_live_lease
@@ -21,7 +19,7 @@ from kernel.domain import (
     Execution,
     ExecutionStatus,
 )
-from kernel.errors import Conflict, ExecutionTerminal, NotFound, Overloaded
+from kernel.errors import Conflict, ExecutionTerminal, NotFound, Overloaded, StoreConflict
 from kernel.ids import new_uuid7
 from kernel.store import Tx
 
@@ -84,7 +82,7 @@ def create_execution(
                 created_by=created_by,
             )
             return start_or_queue(k, tx, e, now), True
-    except IntegrityError:
+    except StoreConflict:
         if idempotency_key is None:
             raise
         with k.store.read() as tx:  # a concurrent create with the same key won the race
