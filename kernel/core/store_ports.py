@@ -15,11 +15,12 @@ if TYPE_CHECKING:
         Dispatch,
         Event,
         Execution,
+        PolicyEventType,
         Step,
         StepStatus,
     )
+    from kernel.domain.decision import TallyKey
     from kernel.store import Tx
-    from kernel.store.sql_shadow import TallyKey
 
 
 @runtime_checkable
@@ -180,7 +181,7 @@ class ShadowStore(Protocol):
     def shadow_tallies(self, shadow_id: int) -> list[Any]: ...
     def shadow_disagreement_counts(self, shadow_id: int, column: str, limit: int) -> list[tuple[str, int]]: ...
     def shadow_disagreement_samples(self, shadow_id: int, limit: int) -> list[Any]: ...
-    def add_policy_event(self, agent_id: str, type_: str, now: datetime, *, actor: str | None, credential: str | None, seq: int | None=..., shadow_id: int | None=..., payload: Mapping[str, Any] | None=...) -> None: ...
+    def add_policy_event(self, agent_id: str, type_: PolicyEventType, now: datetime, *, actor: str | None, credential: str | None, seq: int | None=..., shadow_id: int | None=..., payload: Mapping[str, Any] | None=...) -> None: ...
     def policy_events(self, agent_id: str, limit: int, types: Iterable[str] | None=...) -> list[Any]: ...
 
 
