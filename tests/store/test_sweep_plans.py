@@ -164,3 +164,26 @@ def test_the_repair_sweep_finds_suspended_parents_from_an_index_not_every_live_e
         assert re.search(r"SEARCH (executions|other) USING (COVERING )?INDEX ix_executions_suspended", plan), plan
     else:
         assert re.search(r'"Index Cond": "[^"]*\bsuspended\b', plan), plan
+
+
+def test_the_inbox_poll_reads_the_latest_decision_from_an_index_not_the_approvals_table(store: SqlStore) -> None:
+    """The inbox page polls `approvals_stamp` every few seconds; its `max(decided_at)` and the
+    recently decided list read every approval (SQLite: `SEARCH approvals` with no index; PostgreSQL:
+    a Seq Scan) before migration 014's `ix_approvals_decided`. Fails before it."""
+    _seed(store)
+
+    def run() -> None:
+        with store.read() as tx:
+            tx.approvals_stamp()
+            tx.recently_decided_approvals(20)
+
+    statements = list(_captured(store, run))
+    assert len(statements) >= 3
+    for statement, params in statements:
+        plan = _plan(store, statement, params)
+        if store.dialect == "sqlite":
+            unindexed = [ln for ln in plan.splitlines()
+                         if re.match(r"(SCAN|SEARCH) approvals\b", ln) and "USING" not in ln]
+        else:
+            unindexed = _full_scans(store, plan)
+        assert unindexed == [], plan
