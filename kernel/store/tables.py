@@ -234,6 +234,7 @@ class ApprovalRow(SQLModel, table=True):
         # The expiry sweep (pending, past timeout_at) and retention's delete by execution (012).
         Index("ix_approvals_due", "status", "timeout_at"),
         Index("ix_approvals_execution", "execution_id"),
+        Index("ix_approvals_decided", "decided_at", "id"),  # migration 014: the inbox's poll
     )
 
     id: str = Field(sa_column=Column(String(36), primary_key=True))
