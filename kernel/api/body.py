@@ -14,6 +14,7 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import Request
 
 from kernel.errors import ValidationError
+from kernel.identity import MAX_INT_DIGITS
 from kernel.ids import whole_number
 from kernel.text import text_problem
 
@@ -71,11 +72,6 @@ class _Number(str):
     """A JSON number kept as its source lexeme."""
 
     __slots__ = ()
-
-
-# Python's own bound on int <-> str conversion (sys.get_int_max_str_digits); a longer integer
-# could not be stored or answered, so it is refused at parse time, lexical or not.
-MAX_INT_DIGITS = 4300
 
 
 def _int(text: str) -> int:

@@ -10,14 +10,13 @@ from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
-from kernel.api.body import MAX_INT_DIGITS
 from kernel.console.policies import gate_errors
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, require, viewer
 from kernel.core import agents, playground
 from kernel.core.policy_test import Candidate
 from kernel.domain import PolicyInput, StepKind
 from kernel.errors import NotFound, ValidationError
-from kernel.identity import MAX_DEPTH, canonical_json
+from kernel.identity import MAX_DEPTH, MAX_INT_DIGITS, canonical_json
 from kernel.ids import whole_number
 from kernel.lane import call
 from kernel.text import check_text

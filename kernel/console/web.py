@@ -18,13 +18,12 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from kernel.api.errors import CODE_TO_STATUS
 from kernel.clock import parse_time
 from kernel.console.session import ANONYMOUS, BOOTSTRAP, COOKIE, Session, Sessions, Viewer
 from kernel.core.api_keys import key_principal
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
-from kernel.errors import Forbidden, RegentError, ValidationError
+from kernel.errors import CODE_TO_STATUS, Forbidden, RegentError, ValidationError
 from kernel.ids import whole_number
 from kernel.lane import call
 
