@@ -13,7 +13,7 @@ from starlette.routing import compile_path, request_response
 
 from kernel.api.auth import Authenticator
 from kernel.core.kernel import Kernel
-from kernel.errors import ValidationError
+from kernel.errors import ValidationError, invalid
 from kernel.ids import parse_uuid, whole_number
 from kernel.lane import call, call_hot, long_lived  # noqa: F401 - the routers take them from here
 from kernel.text import check_text
@@ -31,7 +31,7 @@ def uuid_param(value: str, what: str = "id") -> str:
     try:
         return parse_uuid(value)
     except ValidationError:
-        raise ValidationError(f"validation error: invalid {what} {value!r}") from None
+        raise invalid(f"invalid {what} {value!r}") from None
 
 
 def agent_param(value: str) -> str:
@@ -48,14 +48,14 @@ def step_param(value: str) -> str:
 def lease(dispatch_id: str | None, attempt: str | None) -> tuple[str, int]:
     """The two dispatch headers → (canonical dispatch id, attempt ≥ 1), or 400."""
     if not dispatch_id:
-        raise ValidationError("validation error: bad or missing Rebuno-Dispatch-Id")
+        raise invalid("bad or missing Rebuno-Dispatch-Id")
     try:
         did = parse_uuid(dispatch_id)
     except ValidationError:
-        raise ValidationError("validation error: bad or missing Rebuno-Dispatch-Id") from None
+        raise invalid("bad or missing Rebuno-Dispatch-Id") from None
     n = whole_number((attempt or "").strip())
     if n is None or n < 1:
-        raise ValidationError("validation error: bad or missing Rebuno-Dispatch-Attempt")
+        raise invalid("bad or missing Rebuno-Dispatch-Attempt")
     return did, n
 
 

@@ -22,7 +22,7 @@ from kernel.domain import (
     ExecutionStatus,
     StepStatus,
 )
-from kernel.errors import Conflict, Forbidden, NotFound, ValidationError
+from kernel.errors import Conflict, Forbidden, NotFound, invalid
 from kernel.store import Tx
 
 MAX_RATIONALE_CHARS = 10_000  # an approval's `rationale` (docs/api.md, "Bounds")
@@ -89,9 +89,9 @@ def decide_approval(
     """
     # Both are stored and shown on every page listing the approval; a 5 MB rationale was accepted.
     if len(decided_by) > MAX_DECIDED_BY_CHARS:
-        raise ValidationError(f"validation error: decided_by must be at most {MAX_DECIDED_BY_CHARS} characters")
+        raise invalid(f"decided_by must be at most {MAX_DECIDED_BY_CHARS} characters")
     if rationale is not None and len(rationale) > MAX_RATIONALE_CHARS:
-        raise ValidationError(f"validation error: rationale must be at most {MAX_RATIONALE_CHARS} characters")
+        raise invalid(f"rationale must be at most {MAX_RATIONALE_CHARS} characters")
     now = k.clock.now()
     with k.store.read() as tx:
         a0 = tx.get_approval(approval_id)

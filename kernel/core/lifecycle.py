@@ -13,7 +13,7 @@ from kernel.core import events as ev
 from kernel.core.kernel import Kernel
 from kernel.core.store_ports import ExecutionStore
 from kernel.domain import ApprovalStatus, EventType, Execution, ExecutionStatus, StepStatus
-from kernel.errors import Forbidden, NotFound, ValidationError
+from kernel.errors import Forbidden, NotFound, invalid
 from kernel.store import Tx
 
 CANCELLED_ERROR = {"reason": "execution_cancelled"}
@@ -39,7 +39,7 @@ def check_rationale(text: str | None) -> str | None:
     """A cancel's why as recorded: trimmed, None when blank; ValidationError past the bound."""
     text = (text or "").strip()
     if len(text) > MAX_RATIONALE_CHARS:
-        raise ValidationError(f"validation error: rationale is over {MAX_RATIONALE_CHARS} characters")
+        raise invalid(f"rationale is over {MAX_RATIONALE_CHARS} characters")
     return text or None
 
 

@@ -31,7 +31,7 @@ from kernel.api.deps import (
 from kernel.api.render import JSONResponse, execution_json, step_json
 from kernel.core import executions, resources, sessions, steps
 from kernel.domain import StepKind
-from kernel.errors import Forbidden, ValidationError
+from kernel.errors import Forbidden, invalid
 from kernel.identity import canonical_hash, canonical_json
 from kernel.text import check_text, scrub_text
 
@@ -146,7 +146,7 @@ async def submit_step(execution_id: str, request: Request) -> Response:
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(SubmitBody, a.body, lexical=True)
     if body.kind not in _KINDS:
-        raise ValidationError(f"validation error: unknown kind {body.kind!r} (tool_call, llm_call or local)")
+        raise invalid(f"unknown kind {body.kind!r} (tool_call, llm_call or local)")
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
     text = canonical_json(dumps_lexical(body.args)) if body.args is not None else "null"
     req = steps.StepRequest(
@@ -265,9 +265,9 @@ async def register_resource(execution_id: str, request: Request) -> Response:
     eid = uuid_param(execution_id, "execution id")
     body = parse_model(ResourceBody, a.body)
     if not 0 < len(body.key) <= 200:
-        raise ValidationError("validation error: key must be 1-200 characters")
+        raise invalid("key must be 1-200 characters")
     if not 0 <= body.every_steps <= MAX_EVERY_STEPS:
-        raise ValidationError(f"validation error: every_steps must be 0-{MAX_EVERY_STEPS}")
+        raise invalid(f"every_steps must be 0-{MAX_EVERY_STEPS}")
     did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
     reg = resources.Registration(body.key, body.driver_id, body.configuration, body.coverage_reuse,
                                  body.every_steps, body.on_completion)
