@@ -67,7 +67,7 @@ def _decisions(k: Kernel, agent_id: str, execution_id: str, n: int) -> int:
             "decided_by": None, "credential": None, "event_seq": None,
             "decided_at": now - timedelta(seconds=86_400 * (n - i) / n),
         })
-    with k.store.transaction() as tx:
+    with fixtures.sql_store(k).transaction() as tx:
         for lo in range(0, n, 5000):
             tx.w.execute(table.insert(), rows[lo:lo + 5000])
     return n
@@ -92,7 +92,7 @@ def _older_decisions(k: Kernel, agent_id: str, execution_id: str, n: int) -> int
     outcome = ("CASE WHEN i % 10 < 7 THEN 'allowed' WHEN i % 10 < 9 THEN 'denied' ELSE 'awaiting_approval' END")
     rule = ("CASE WHEN i % 10 < 7 THEN 'allow-read-only' WHEN i % 10 < 9 THEN 'default' ELSE 'approve-other' END")
     params = {"agent": agent_id, "eid": execution_id, "t0": start, "step": step, "n": n, "hash": "0" * 64}
-    with k.store.engine.begin() as c:
+    with fixtures.sql_store(k).engine.begin() as c:
         if k.store.dialect == "postgresql":
             c.execute(text(
                 f"INSERT INTO decisions ({cols}) SELECT 'old-' || lpad(to_hex(i), 32, '0'), :agent, :eid, NULL,"
@@ -113,7 +113,7 @@ def _older_decisions(k: Kernel, agent_id: str, execution_id: str, n: int) -> int
 def _prepare(k: Kernel | None, agent: fixtures.AgentCreds, p: Profile) -> ConsoleFixture:
     assert k is not None
     (lease,) = fixtures.start_executions(k, agent, 1, "console-timeline")
-    fixtures.record_history(k.store, lease, TIMELINE_STEPS)
+    fixtures.record_history(fixtures.sql_store(k), lease, TIMELINE_STEPS)
     eid = lease.execution_id
     recent = _decisions(k, agent.agent_id, eid, DECISIONS)
     older = _older_decisions(k, agent.agent_id, eid, OLDER_DECISIONS) if recent else 0

@@ -71,6 +71,13 @@ def history_step(i: int) -> tuple[str, dict[str, str], dict[str, Any]]:
     return f"bench.tool{i % 10}", args, {"ok": True, "i": i}
 
 
+def sql_store(k: Kernel) -> SqlStore:
+    """The kernel's concrete store: the bench writes fixtures below the core's ports (bulk inserts,
+    raw SQL), which the core never does."""
+    assert isinstance(k.store, SqlStore), k.store
+    return k.store
+
+
 def record_history(store: SqlStore, lease: Lease, count: int) -> list[RecordedStep]:
     """Write `count` succeeded steps (and their 4 events each) into a running execution."""
     permissive = ev.decision_fields(Decision.permissive())

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from bench import fixtures
 from kernel.core import sweeps
 from kernel.core.kernel import Kernel
 from kernel.store import SqlStore, open_store
@@ -91,7 +92,7 @@ def release(k: Kernel, n: int, budget: float) -> tuple[int, float]:
     """Move every approval's timeout to the past, then expire them in sweep batches until none is
     pending or `budget` seconds pass; the count of executions running again with a dispatch queued."""
     past = datetime.now(UTC) - timedelta(seconds=1)
-    with k.store.engine.begin() as c:
+    with fixtures.sql_store(k).engine.begin() as c:
         if k.store.dialect == "postgresql":
             c.execute(text("SET LOCAL statement_timeout = 0"))
         c.execute(text("UPDATE approvals SET timeout_at = :p WHERE status = 'pending'").bindparams(p=past)
@@ -103,7 +104,7 @@ def release(k: Kernel, n: int, budget: float) -> tuple[int, float]:
         if sweeps.expire_due_approvals(k) == 0:
             break
     took = time.perf_counter() - t0
-    with k.store.engine.begin() as c:
+    with fixtures.sql_store(k).engine.begin() as c:
         if k.store.dialect == "postgresql":  # the bench's count, not a request: no statement timeout
             c.execute(text("SET LOCAL statement_timeout = 0"))
         resumed = c.execute(text(

@@ -158,10 +158,10 @@ def _replay_prepare(k: Kernel | None, agent: fixtures.AgentCreds, p: Profile) ->
     small_leases = fixtures.start_executions(k, agent, n_small + 1, "replay-small")
     small = []
     for lease in small_leases:
-        recorded = fixtures.record_history(k.store, lease, per)
+        recorded = fixtures.record_history(fixtures.sql_store(k), lease, per)
         small.append((fixtures.reclaim(k, lease), recorded))
     (big,) = fixtures.start_executions(k, agent, 1, "replay-big")
-    history = fixtures.record_history(k.store, big, p.replay_big_steps)
+    history = fixtures.record_history(fixtures.sql_store(k), big, p.replay_big_steps)
     big = fixtures.reclaim(k, big)
     stride = max(p.replay_big_steps // p.replay_samples, 2)
     samples = history[::stride][: p.replay_samples]

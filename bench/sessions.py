@@ -16,6 +16,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from bench import fixtures
 from bench.client import percentile
 from bench.scenarios import LocalScenario, Profile, Result
 from kernel.core import executions, forks
@@ -61,7 +62,7 @@ def _source(k: Kernel, n_steps: int) -> tuple[str, int]:
                       "outcome_seq": base + len(events) + 4})
         for typ in ("step.proposed", "step.allowed", "step.executing", "step.succeeded"):
             events.append((typ, f'{{"step_id":"{sid}","step_type":"tool_call","target":"t{i}"}}', at))
-    with k.store.transaction(lock=e.id) as tx:
+    with fixtures.sql_store(k).transaction(lock=e.id) as tx:
         tx.insert_many(t.steps, steps)
         tx.insert_many(t.events, [{"execution_id": e.id, "event_seq": base + j + 1, "type": typ, "payload": p,
                                    "occurred_at": at} for j, (typ, p, at) in enumerate(events)])

@@ -93,6 +93,15 @@ class StoreUnavailable(RegentError):
     default_message = "store unavailable"
 
 
+class StoreConflict(Exception):
+    """A write broke one of the store's constraints (a unique key taken, a referenced row gone):
+    the store raises it in place of its driver's integrity error, so the core never sees SQL.
+
+    Not a `RegentError`: a use case that expects a race catches it (a repeated idempotency key),
+    and one that escapes is a fault, answered 500 `internal_error` and logged, as Rebuno v0
+    answers a store's constraint violation (docs/api.md)."""
+
+
 class ConfigError(RegentError):
     """A setting, manifest or bundle file is unusable at start-up (the CLI prints it and exits)."""
 

@@ -6,6 +6,9 @@ encoding a small payload); a step round trip encodes about ten (event payloads, 
 answers). Here the C encoder is built once and reused: it is kept without the circular-reference
 map (`check_circular=False`), which is the one per-call state it would hold, so one encoder serves
 every thread. The values encoded are decoded JSON or dicts the kernel builds, never cyclic.
+
+`dumps`/`loads` are the JSON text of the store's TEXT columns (the core writes the few the store
+keeps opaque, a resource's binding and configuration).
 """
 
 from __future__ import annotations
@@ -37,4 +40,30 @@ def compact_encoder(ensure_ascii: bool) -> Callable[[Any], str]:
     return encode
 
 
-__all__ = ["compact_encoder"]
+_encode = compact_encoder(ensure_ascii=False)
+_encode_ascii = compact_encoder(ensure_ascii=True)
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text, raw UTF-8 where it can be. A value holding a lone surrogate (valid JSON,
+    which Python's `surrogateescape` makes routinely) is not UTF-8, so its text is written with
+    every non-ASCII character escaped instead: stored losslessly, read back the same. (NUL is
+    always escaped in JSON text, so TEXT columns never see one.)"""
+    text = _encode(value)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return _encode_ascii(value)
+    return text
+
+
+def dumps_or_none(value: Any) -> str | None:
+    return None if value is None else dumps(value)
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+__all__ = ["compact_encoder", "dumps", "dumps_or_none", "loads"]

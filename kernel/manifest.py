@@ -20,7 +20,7 @@ from kernel.core.agents import MIN_LEASE_SECONDS, register_agent, validate_agent
 from kernel.core.kernel import MAX_LEASE_SECONDS, Kernel
 from kernel.errors import ConfigError
 from kernel.errors import ValidationError as FieldError
-from kernel.mcp.config import McpAgent, McpConfigError, parse_mcp
+from kernel.manifest_mcp import McpAgent, McpConfigError, parse_mcp
 from kernel.yamldoc import SafeLoader12
 
 log = logging.getLogger("kernel.manifest")

@@ -11,6 +11,7 @@ from kernel.core.audit import approval_record
 from kernel.core.kernel import Kernel
 from kernel.core.leases import enqueue
 from kernel.core.lifecycle import with_ancestors
+from kernel.core.store_ports import Transaction
 from kernel.domain import (
     Approval,
     ApprovalStatus,
@@ -23,7 +24,6 @@ from kernel.domain import (
     StepStatus,
 )
 from kernel.errors import Conflict, Forbidden, NotFound, invalid
-from kernel.store import Tx
 
 MAX_RATIONALE_CHARS = 10_000  # an approval's `rationale` (docs/api.md, "Bounds")
 MAX_DECIDED_BY_CHARS = 200
@@ -155,7 +155,7 @@ def _denial(reason: str, a: Approval) -> dict[str, str]:
     return {"reason": reason, "rule_id": a.rule_id} if a.rule_id else {"reason": reason}
 
 
-def _refuse_self_approval(tx: Tx, e: Execution, principal: Principal) -> None:
+def _refuse_self_approval(tx: Transaction, e: Execution, principal: Principal) -> None:
     """The key that created an execution may not decide its approvals, nor may another key of
     the same name (the name is the decider the record keeps, so a second key minted under it
     would otherwise approve its holder's own steps), nor either of them for a sub-agent's
@@ -185,7 +185,7 @@ def _record(
 
 
 def _resume(
-    k: Kernel, tx: Tx, execution_id: str, now: datetime, out: list[ev.Ev],
+    k: Kernel, tx: Transaction, execution_id: str, now: datetime, out: list[ev.Ev],
     record: tuple[int, DecisionRecord] | None,
 ) -> None:
     out.append(ev.execution(EventType.EXECUTION_RESUMED, execution_id, ExecutionStatus.RUNNING))

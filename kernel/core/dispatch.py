@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 from kernel.core import events as ev
 from kernel.core.kernel import Kernel
 from kernel.core.sessions import ended
+from kernel.core.store_ports import Transaction
 from kernel.domain import DispatchStatus, EventType, ExecutionStatus
-from kernel.store import Tx
 
 log = logging.getLogger("kernel.dispatch")
 
@@ -179,7 +179,7 @@ def _claim_one(k: Kernel, dispatch_id: str) -> Claim | None:
         return Claim(d.id, ex.id, ex.agent_id, attempt, lease)
 
 
-def _fail_exhausted(tx: Tx, execution_id: str, now: datetime) -> None:
+def _fail_exhausted(tx: Transaction, execution_id: str, now: datetime) -> None:
     tx.retire_dispatches(execution_id, now)
     tx.append(
         execution_id,

@@ -8,22 +8,20 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
-
 from kernel.core import events as ev
 from kernel.core.kernel import Kernel
 from kernel.core.leases import require_live_lease
 from kernel.core.lifecycle import Canceller, cancel_in_tx, load_owned, owned, with_ancestors
 from kernel.core.sessions import ended, start_or_queue
+from kernel.core.store_ports import SessionStore, Transaction
 from kernel.domain import (
     Event,
     EventType,
     Execution,
     ExecutionStatus,
 )
-from kernel.errors import Conflict, ExecutionTerminal, NotFound, Overloaded
+from kernel.errors import Conflict, ExecutionTerminal, NotFound, Overloaded, StoreConflict
 from kernel.ids import new_uuid7
-from kernel.store import Tx
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +82,7 @@ def create_execution(
                 created_by=created_by,
             )
             return start_or_queue(k, tx, e, now), True
-    except IntegrityError:
+    except StoreConflict:
         if idempotency_key is None:
             raise
         with k.store.read() as tx:  # a concurrent create with the same key won the race
@@ -94,7 +92,7 @@ def create_execution(
         return existing, False
 
 
-def _spawned_by_step(tx: Tx, lin: Lineage, agent_id: str) -> Execution | None:
+def _spawned_by_step(tx: SessionStore, lin: Lineage, agent_id: str) -> Execution | None:
     """The child a parent's step already spawned. A parent whose dispatch was lost while it waited
     reruns the spawning tool body (a safe_to_retry step runs again) and asks for the child again:
     it gets the same one, not a second run of the sub-agent."""
@@ -107,7 +105,7 @@ def _spawned_by_step(tx: Tx, lin: Lineage, agent_id: str) -> Execution | None:
     return twin
 
 
-def _check_parent(tx: Tx, lin: Lineage) -> None:
+def _check_parent(tx: Transaction, lin: Lineage) -> None:
     parent = tx.get_execution(lin.parent_execution_id or "")
     if parent is None:
         raise NotFound("parent execution not found")

@@ -10,9 +10,9 @@ from datetime import datetime
 from kernel.core import cursor
 from kernel.core.approvals import Principal, _refuse_self_approval
 from kernel.core.kernel import Kernel
+from kernel.core.store_ports import Transaction
 from kernel.domain import Approval, ApprovalStatus, Step
 from kernel.errors import Forbidden, invalid
-from kernel.store import Tx
 from kernel.text import check_text
 
 PAGE_SIZE = 50
@@ -69,7 +69,7 @@ def decode_cursor(text: str) -> tuple[datetime, str]:
     return cursor.decode_cursor(text, "an inbox cursor")
 
 
-def refusal(k: Kernel, tx: Tx, a: Approval, principal: Principal) -> str | None:
+def refusal(k: Kernel, tx: Transaction, a: Approval, principal: Principal) -> str | None:
     """Why the core would refuse this visitor's grant or deny (core.approvals.decide_approval's
     rules, read ahead so the page shows the reason instead of a button), or None."""
     if not principal.has("approvals:write"):
@@ -93,7 +93,7 @@ def refusal(k: Kernel, tx: Tx, a: Approval, principal: Principal) -> str | None:
     return None
 
 
-def _items(k: Kernel, tx: Tx, rows: list[Approval], principal: Principal | None) -> list[InboxItem]:
+def _items(k: Kernel, tx: Transaction, rows: list[Approval], principal: Principal | None) -> list[InboxItem]:
     agents: dict[str, str] = {}
     out = []
     for a in rows:
@@ -107,7 +107,7 @@ def _items(k: Kernel, tx: Tx, rows: list[Approval], principal: Principal | None)
     return out
 
 
-def _walk(k: Kernel, tx: Tx, q: InboxQuery, principal: Principal, cursor: str | None, backwards: bool,
+def _walk(k: Kernel, tx: Transaction, q: InboxQuery, principal: Principal, cursor: str | None, backwards: bool,
           want: int) -> tuple[list[Approval], bool, bool]:
     """Up to `want` rows from `cursor` in one direction: (rows in page order, whether more lie
     beyond them that way, whether the "I can decide" scan stopped at MINE_SCAN)."""

@@ -21,7 +21,7 @@ from kernel.core.ports import (
     PolicyResolver,
     ShadowObserver,
 )
-from kernel.store import SqlStore
+from kernel.core.store_ports import Store
 
 # The longest lease an agent may ask for (one day). A lease is a crash-detection period (a longer
 # one only hides a dead agent), and the bound keeps `timedelta` and the integer lease_ms column
@@ -72,7 +72,7 @@ class BacklogGauge:
 
 @dataclass
 class Kernel:
-    store: SqlStore
+    store: Store
     clock: Clock = field(default_factory=SystemClock)
     policy: PolicyResolver = field(default_factory=PermissiveResolver)
     limiter: Limiter = field(default_factory=NoLimiter)

@@ -11,13 +11,13 @@ from datetime import datetime, timedelta
 
 from kernel.core import events as ev
 from kernel.core.kernel import Kernel
+from kernel.core.store_ports import DispatchStore
 from kernel.domain import Dispatch, DispatchStatus, EventType
 from kernel.errors import LeaseSuperseded
 from kernel.ids import new_uuid7
-from kernel.store import Tx
 
 
-def enqueue(k: Kernel, tx: Tx, execution_id: str, now: datetime, due: datetime | None = None) -> tuple[Dispatch, ev.Ev]:
+def enqueue(k: Kernel, tx: DispatchStore, execution_id: str, now: datetime, due: datetime | None = None) -> tuple[Dispatch, ev.Ev]:
     """Insert a pending dispatch; the caller appends the returned `dispatch.queued` event."""
     d = Dispatch(
         id=new_uuid7(),
@@ -34,7 +34,7 @@ def enqueue(k: Kernel, tx: Tx, execution_id: str, now: datetime, due: datetime |
     return d, ev.dispatch(EventType.DISPATCH_QUEUED, d.id, execution_id, "pending", 0, **extra)
 
 
-def require_live_lease(tx: Tx, execution_id: str, dispatch_id: str, attempt: int, now: datetime) -> None:
+def require_live_lease(tx: DispatchStore, execution_id: str, dispatch_id: str, attempt: int, now: datetime) -> None:
     """Renew the lease of the live attempt, or raise 409 lease_superseded."""
     if not tx.renew_lease(dispatch_id, execution_id, attempt, now):
         raise LeaseSuperseded()
@@ -46,7 +46,7 @@ def check_attempt(d: Dispatch | None, execution_id: str, attempt: int) -> None:
         raise LeaseSuperseded()
 
 
-def park_until(k: Kernel, tx: Tx, execution_id: str, now: datetime, wait_seconds: float) -> ev.Ev:
+def park_until(k: Kernel, tx: DispatchStore, execution_id: str, now: datetime, wait_seconds: float) -> ev.Ev:
     """Rate-limit park: retire every dispatch, enqueue one due after the wait."""
     tx.retire_dispatches(execution_id, now)
     _, queued = enqueue(k, tx, execution_id, now, due=now + timedelta(seconds=wait_seconds))

@@ -11,10 +11,9 @@ from datetime import datetime
 
 from kernel.core import events as ev
 from kernel.core.kernel import Kernel
-from kernel.core.store_ports import ExecutionStore
+from kernel.core.store_ports import ExecutionStore, Transaction
 from kernel.domain import ApprovalStatus, EventType, Execution, ExecutionStatus, StepStatus
 from kernel.errors import Forbidden, NotFound, invalid
-from kernel.store import Tx
 
 CANCELLED_ERROR = {"reason": "execution_cancelled"}
 CANCELLED_RATIONALE = "execution_cancelled"  # an approval's rationale when its execution was cancelled
@@ -94,7 +93,7 @@ def cancel_one(k: Kernel, execution_id: str, reason: str) -> Execution | None:
     return dataclasses.replace(e, status=ExecutionStatus.CANCELLED)
 
 
-def cancel_in_tx(tx: Tx, e: Execution, now: datetime, reason: str, who: Canceller | None = None) -> None:
+def cancel_in_tx(tx: Transaction, e: Execution, now: datetime, reason: str, who: Canceller | None = None) -> None:
     """Cancel under the lock: pending approvals end `cancelled` (by whoever cancelled), executing
     steps are cancelled. `execution.cancelled` names who and why when a person cancelled."""
     tx.retire_dispatches(e.id, now)

@@ -10,8 +10,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kernel.core.kernel import Kernel
+from kernel.domain import PolicyEventType
+from kernel.domain.policy_event import ACTIVATIONS
 from kernel.errors import Conflict, NotFound, invalid
-from kernel.store.sql_shadow import ACTIVATIONS
 from kernel.text import check_text
 
 MAX_REVISION_SEQ = 999_999_999  # a revision number any store column holds
@@ -128,7 +129,7 @@ def store_policy(k: Kernel, agent_id: str, kind: str, content: str,
         with k.store.transaction(lock=f"policy:{agent_id}") as tx:
             if tx.active_policy(agent_id) is not None:
                 tx.clear_policy(agent_id)
-                tx.add_policy_event(agent_id, "policy.cleared", now, actor=who.name, credential=who.credential)
+                tx.add_policy_event(agent_id, PolicyEventType.CLEARED, now, actor=who.name, credential=who.credential)
         return None
     revision = k.policy.check(kind, content)  # the active revision keeps deciding if this fails
     with k.store.transaction(lock=f"policy:{agent_id}") as tx:
@@ -136,7 +137,7 @@ def store_policy(k: Kernel, agent_id: str, kind: str, content: str,
         if active is not None and active.kind == kind and active.content == content:
             return _to_revision(active)  # same bundle again: no new revision
         seq = tx.add_policy_revision(agent_id, kind, revision, content, now)
-        tx.add_policy_event(agent_id, "policy.activated", now, actor=who.name, credential=who.credential,
+        tx.add_policy_event(agent_id, PolicyEventType.ACTIVATED, now, actor=who.name, credential=who.credential,
                             seq=seq, payload={"kind": kind, "revision": revision, "via": _via(who),
                                               "from_seq": active.seq if active is not None else None})
         return _with_trail(tx, agent_id, [next(r for r in tx.list_policy_revisions(agent_id) if r.seq == seq)])[0]
@@ -238,7 +239,7 @@ def activate_revision(k: Kernel, agent_id: str, seq: int, actor: Actor | None = 
         row = next((r for r in tx.list_policy_revisions(agent_id) if r.seq == seq), None)
         if row is None or not tx.activate_policy_revision(agent_id, seq):
             raise NotFound(f"agent {agent_id!r} has no revision {seq}")
-        tx.add_policy_event(agent_id, "policy.activated", k.clock.now(), actor=who.name,
+        tx.add_policy_event(agent_id, PolicyEventType.ACTIVATED, k.clock.now(), actor=who.name,
                             credential=who.credential, seq=seq,
                             payload={"kind": row.kind, "revision": row.revision, "via": "reactivate",
                                      "from_seq": active.seq if active is not None else None})

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from kernel.clock import rfc3339
 from kernel.core.kernel import Kernel
+from kernel.core.store_ports import ExecutionStore, Transaction
 from kernel.domain import EventType
 from kernel.errors import NotFound, invalid
 from kernel.policy.backtest import RecordedStep, ReplayReport, replay
@@ -22,7 +23,6 @@ from kernel.policy.resolver import (
     parse_rego_content,
     yaml_revision,
 )
-from kernel.store import Tx
 
 MAX_REPLAY_STEPS = 1000  # steps replayed per execution; the rest are reported as truncated
 MAX_EVENTS_READ = 50_000  # events read per execution to find the decisions
@@ -62,7 +62,7 @@ def compiled(k: Kernel, c: Candidate) -> Iterator[CompiledBundle]:
             own.close()
 
 
-def candidate_for(k: Kernel, tx: Tx, agent_id: str, given: Candidate | None) -> Candidate:
+def candidate_for(k: Kernel, tx: ExecutionStore, agent_id: str, given: Candidate | None) -> Candidate:
     if tx.get_agent(agent_id) is None:
         raise NotFound(f"test policy: agent {agent_id!r} not found")
     if given is not None:
@@ -73,7 +73,7 @@ def candidate_for(k: Kernel, tx: Tx, agent_id: str, given: Candidate | None) -> 
     return Candidate(row.kind, row.content)
 
 
-def recorded_steps(tx: Tx, execution_id: str, agent_id: str, limit: int = MAX_REPLAY_STEPS) -> tuple[list[RecordedStep], bool]:
+def recorded_steps(tx: Transaction, execution_id: str, agent_id: str, limit: int = MAX_REPLAY_STEPS) -> tuple[list[RecordedStep], bool]:
     """The execution's steps with their first decision event, in event order; (steps, truncated).
 
     Steps refused by a rate limit have no row (and no recorded args) and are not replayed; a

@@ -1,8 +1,8 @@
 """The seams the core sees: the policy resolver, the rate limiter, the judge and the shadow
 observer, as small Protocols.
 
-The store is `kernel.store.SqlStore` (one implementation per dialect behind one class), seen by
-part in `store_ports.py`; the app factory is the one place that picks concrete classes.
+The store's Protocols are in `store_ports.py` (`Store`, `Transaction` and its parts); the app
+factory is the one place that picks concrete classes.
 """
 
 from __future__ import annotations

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from kernel import jsontext
 from kernel.core import events as ev
 from kernel.core.executions import load_owned
 from kernel.core.kernel import Kernel
 from kernel.core.leases import require_live_lease
+from kernel.core.store_ports import ResourceStore, Transaction
 from kernel.domain import EventType, Execution
 from kernel.errors import Conflict, ExecutionTerminal, NotFound, invalid
-from kernel.store import Tx, codec
 
 # The seq of a fork's `execution.forked` event (created, forked, started: 1, 2, 3).
 FORKED_SEQ = 2
@@ -58,7 +59,7 @@ def view(r: Any) -> dict[str, Any]:
     return {
         "key": r.key,
         "generation": int(r.generation),
-        "binding": codec.loads(r.binding),
+        "binding": jsontext.loads(r.binding),
         "checkpoint_ref": r.checkpoint_ref or "",
         "covered": bool(r.covered),
         "every_steps": int(r.every_steps),
@@ -66,7 +67,7 @@ def view(r: Any) -> dict[str, Any]:
     }
 
 
-def _live(tx: Tx, k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int,
+def _live(tx: Transaction, k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int,
           now: datetime) -> Execution:
     e = load_owned(tx, execution_id, agent_id)
     if e.status.is_terminal:
@@ -83,7 +84,7 @@ def register(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, atte
     with k.store.transaction(lock=execution_id) as tx:
         _live(tx, k, agent_id, execution_id, dispatch_id, attempt, now)
         r = tx.get_resource(execution_id, reg.key)
-        settings = {"configuration": codec.dumps_or_none(reg.configuration), "coverage_reuse": reg.coverage_reuse,
+        settings = {"configuration": jsontext.dumps_or_none(reg.configuration), "coverage_reuse": reg.coverage_reuse,
                     "every_steps": reg.every_steps, "on_completion": reg.on_completion}
         if r is None:
             seq = tx.last_event_seq(execution_id) + 1
@@ -111,7 +112,7 @@ def bind(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt:
         _live(tx, k, agent_id, execution_id, dispatch_id, attempt, now)
         if tx.get_resource(execution_id, key) is None:
             raise NotFound("resource not found")
-        tx.update_resource(execution_id, key, binding=codec.dumps_or_none(binding))
+        tx.update_resource(execution_id, key, binding=jsontext.dumps_or_none(binding))
         tx.append(execution_id, now, [(EventType.RESOURCE_BOUND.value, {"key": key})])
 
 
@@ -124,7 +125,7 @@ def publish(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attem
         record_captures(tx, execution_id, now, captures, failures, at_seq=None)
 
 
-def record_captures(tx: Tx, execution_id: str, now: datetime, captures: list[Capture],
+def record_captures(tx: Transaction, execution_id: str, now: datetime, captures: list[Capture],
                     failures: list[CaptureFailure], at_seq: int | None) -> None:
     """Apply captures: one of the resource's current generation covers from `at_seq` (the step's
     outcome event) or, without one, from its own `resource.checkpointed` event; an older
@@ -154,7 +155,7 @@ def record_captures(tx: Tx, execution_id: str, now: datetime, captures: list[Cap
     tx.append(execution_id, now, out)
 
 
-def require_registered(tx: Tx, execution_id: str, keys: tuple[str, ...]) -> list[Any]:
+def require_registered(tx: ResourceStore, execution_id: str, keys: tuple[str, ...]) -> list[Any]:
     rows = [tx.get_resource(execution_id, key) for key in keys]
     for key, r in zip(keys, rows, strict=True):
         if r is None:
@@ -162,7 +163,7 @@ def require_registered(tx: Tx, execution_id: str, keys: tuple[str, ...]) -> list
     return rows
 
 
-def advance(tx: Tx, execution_id: str, rows: list[Any], bump: bool) -> list[dict[str, Any]]:
+def advance(tx: Transaction, execution_id: str, rows: list[Any], bump: bool) -> list[dict[str, Any]]:
     """What a `proceed` answer carries for the step's declared resources. A new step moves each
     to its next generation (its checkpoints stop covering from the step's `step.executing`); a
     retried step reads them as they are."""
@@ -187,7 +188,7 @@ class Restored:
     covered: bool
 
 
-def plan_restoration(tx: Tx, source_id: str, at_seq: int) -> list[Restored]:
+def plan_restoration(tx: ResourceStore, source_id: str, at_seq: int) -> list[Restored]:
     """The source's resources that existed at `at_seq`, each with the checkpoint covering
     `at_seq` (or, for a driver that allows `coverage_reuse`, the newest one before it)."""
     out = []
@@ -213,7 +214,7 @@ def restoration(plan: list[Restored]) -> dict[str, Any] | None:
     return out or None
 
 
-def restore_into_fork(tx: Tx, plan: list[Restored], fork_id: str, now: datetime) -> None:
+def restore_into_fork(tx: ResourceStore, plan: list[Restored], fork_id: str, now: datetime) -> None:
     """The fork's own resources rows: registered from its `execution.forked`, at the restored
     checkpoint's generation, unbound (the agent creates each from its `checkpoint_ref`)."""
     for p in plan:
@@ -230,7 +231,7 @@ def restore_into_fork(tx: Tx, plan: list[Restored], fork_id: str, now: datetime)
             tx.insert_checkpoint(fork_id, r.key, generation, cp.checkpoint_ref, FORKED_SEQ, now)
 
 
-def coverage(tx: Tx, execution_id: str) -> Any:
+def coverage(tx: ResourceStore, execution_id: str) -> Any:
     """A function of an event seq: {key: covered} for the resources registered by then."""
     resources = tx.list_resources(execution_id)
     checkpoints = tx.list_checkpoints(execution_id)

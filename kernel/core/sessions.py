@@ -17,15 +17,15 @@ from kernel.core import events as ev
 from kernel.core.kernel import Kernel
 from kernel.core.leases import enqueue, require_live_lease
 from kernel.core.lifecycle import cancel_one, load_owned
+from kernel.core.store_ports import StepStore, Transaction
 from kernel.domain import EventType, Execution, ExecutionStatus, StepStatus
 from kernel.errors import ExecutionTerminal
-from kernel.store import Tx
 
 log = logging.getLogger("regent.sessions")
 _MAX_CASCADE = 10_000  # bounded: the executions one cancel may reach through the tree
 
 
-def start_or_queue(k: Kernel, tx: Tx, e: Execution, now: datetime, extra: list[ev.Ev] | None = None) -> Execution:
+def start_or_queue(k: Kernel, tx: Transaction, e: Execution, now: datetime, extra: list[ev.Ev] | None = None) -> Execution:
     """Insert a new execution: running with a dispatch, or `pending` behind its session's queue.
 
     Runs under the session's lock when `e.session` is set, so two kernels admitting into one
@@ -55,7 +55,7 @@ def start_or_queue(k: Kernel, tx: Tx, e: Execution, now: datetime, extra: list[e
     return e
 
 
-def _inherit_resources(tx: Tx, previous: str, execution_id: str, now: datetime) -> None:
+def _inherit_resources(tx: Transaction, previous: str, execution_id: str, now: datetime) -> None:
     """A session turn starts with its previous turn's resources: their registrations and bindings,
     so the agent reopens the same resource; generations, counts and checkpoints are the turn's
     own (generation 0, not covered until a capture). docs/api.md, "Resources and checkpoints"."""
@@ -175,7 +175,7 @@ def settle(k: Kernel, parent_id: str) -> bool:
         return resumed
 
 
-def _record_child(tx: Tx, c: Execution, now: datetime) -> list[ev.Ev]:
+def _record_child(tx: StepStore, c: Execution, now: datetime) -> list[ev.Ev]:
     """The child's end as the outcome of the step that spawned it (once: a terminal step stays)."""
     s = tx.get_step(c.spawned_step_id or "")
     if s is None or s.execution_id != c.parent_execution_id or s.status.is_terminal:

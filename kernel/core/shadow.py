@@ -14,10 +14,10 @@ from kernel.core.kernel import Kernel
 from kernel.core.policies import Actor, PolicyRevision, _with_trail, refuse_if_pulled
 from kernel.core.ports import LimitOutcome, ShadowObservation
 from kernel.core.retention import delete_in_batches
-from kernel.domain import Decision, PolicyInput, Verdict
-from kernel.domain.decision import ShadowRef, apply_budget
+from kernel.domain import Decision, PolicyEventType, PolicyInput, Verdict
+from kernel.domain.decision import ShadowRef, TallyKey, apply_budget
+from kernel.domain.policy_event import ACTIVATIONS
 from kernel.errors import Conflict, NotFound, invalid
-from kernel.store.sql_shadow import ACTIVATIONS, TallyKey
 
 FAULT_RULES = frozenset({"eval-error", "bundle-error"})
 RATE_LIMITED = "rate_limited"
@@ -71,7 +71,7 @@ def store_shadow(k: Kernel, agent_id: str, kind: str, content: str, actor: Actor
     now = k.clock.now()
     with k.store.transaction(lock=f"policy:{agent_id}") as tx:
         sid = tx.add_shadow(agent_id, kind, revision, content, now, actor.name)
-        tx.add_policy_event(agent_id, "policy.shadow_set", now, actor=actor.name, credential=actor.credential,
+        tx.add_policy_event(agent_id, PolicyEventType.SHADOW_SET, now, actor=actor.name, credential=actor.credential,
                             shadow_id=sid, payload={"kind": kind, "revision": revision})
         row = tx.get_shadow(sid)
     k.shadow.reload()
@@ -95,7 +95,7 @@ def clear_shadow(k: Kernel, agent_id: str, actor: Actor) -> None:
         if row is None:
             raise NotFound(f"agent {agent_id!r} has no shadow bundle")
         tx.end_shadows(agent_id, "cleared", now)
-        tx.add_policy_event(agent_id, "policy.shadow_cleared", now, actor=actor.name, credential=actor.credential,
+        tx.add_policy_event(agent_id, PolicyEventType.SHADOW_CLEARED, now, actor=actor.name, credential=actor.credential,
                             shadow_id=int(row.id), payload={"revision": row.revision})
     k.shadow.reload()
 
@@ -114,7 +114,7 @@ def promote_shadow(k: Kernel, agent_id: str, actor: Actor) -> PolicyRevision:
         seq = tx.add_policy_revision(agent_id, sh.kind, sh.revision, sh.content, now)
         tx.end_shadows(agent_id, "promoted", now)
         tx.add_policy_event(
-            agent_id, "policy.promoted", now, actor=actor.name, credential=actor.credential, seq=seq,
+            agent_id, PolicyEventType.PROMOTED, now, actor=actor.name, credential=actor.credential, seq=seq,
             shadow_id=int(sh.id),
             payload={"revision": sh.revision, "kind": sh.kind, "from_seq": old.seq if old is not None else None,
                      "from_revision": old.revision if old is not None else None},
@@ -146,7 +146,7 @@ def rollback_policy(k: Kernel, agent_id: str, actor: Actor) -> PolicyRevision:
         tx.activate_policy_revision(agent_id, int(target))
         row = next(r for r in tx.list_policy_revisions(agent_id) if r.seq == target)
         tx.add_policy_event(
-            agent_id, "policy.rolled_back", now, actor=actor.name, credential=actor.credential, seq=int(target),
+            agent_id, PolicyEventType.ROLLED_BACK, now, actor=actor.name, credential=actor.credential, seq=int(target),
             payload={"from_seq": current, "to_seq": target, "kind": row.kind, "revision": row.revision},
         )
         return _with_trail(tx, agent_id, [row])[0]
@@ -165,7 +165,7 @@ def _previous_activation(events: list[Any], current: int | None) -> Any:
 
 
 def _seq_of(e: Any) -> int | None:
-    return None if e.type == "policy.cleared" or e.seq is None else int(e.seq)
+    return None if e.type == PolicyEventType.CLEARED or e.seq is None else int(e.seq)
 
 
 def list_policy_events(k: Kernel, agent_id: str, limit: int = 100) -> list[Any]:

@@ -17,6 +17,7 @@ from kernel.core.executions import load_owned, owned
 from kernel.core.kernel import Kernel
 from kernel.core.leases import check_attempt, park_until
 from kernel.core.ports import LimitOutcome, ShadowObservation
+from kernel.core.store_ports import DispatchStore, StepStore, Transaction
 from kernel.core.usage import parse_usage
 from kernel.domain import (
     Approval,
@@ -42,7 +43,6 @@ from kernel.domain.step import INDETERMINATE_ERROR, Idempotency
 from kernel.errors import Conflict, LeaseSuperseded, NotFound
 from kernel.identity import step_id as compute_step_id
 from kernel.ids import new_uuid7
-from kernel.store import Tx
 
 
 class JudgeNeeded(Exception):
@@ -179,7 +179,7 @@ _OUTCOME_EVENT = {
 }
 
 
-def _lent(tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest, now: datetime) -> Step | None:
+def _lent(tx: StepStore, e: Execution, sid: str, occurrence: int, req: StepRequest, now: datetime) -> Step | None:
     """A fork's lineage (docs/api.md, "Forks"): a step the fork has not recorded, whose source
     recorded its outcome at or before the fork point, is written into the fork as the source
     recorded it (its `step.proposed` and outcome event, marked `replayed_from`) and replayed."""
@@ -203,14 +203,14 @@ def _lent(tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest, now
     return s
 
 
-def _renew(tx: Tx, dispatch_id: str, execution_id: str, attempt: int, now: datetime) -> None:
+def _renew(tx: DispatchStore, dispatch_id: str, execution_id: str, attempt: int, now: datetime) -> None:
     """Re-check and renew the lease inside the transaction that records the answer, so a reclaim
     that landed since the entry check fails the whole write with 409 and leaves no trace."""
     if not tx.renew_lease(dispatch_id, execution_id, attempt, now):
         raise LeaseSuperseded()
 
 
-def _answer_existing(tx: Tx, s: Step, req: StepRequest, now: datetime) -> StepAnswer:
+def _answer_existing(tx: Transaction, s: Step, req: StepRequest, now: datetime) -> StepAnswer:
     """The replay table: answer from the stored status without consulting policy."""
     sid = s.step_id
     if s.status == StepStatus.SUCCEEDED:
@@ -237,7 +237,7 @@ def _answer_existing(tx: Tx, s: Step, req: StepRequest, now: datetime) -> StepAn
 
 
 def _decide_new(
-    k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest,
+    k: Kernel, tx: Transaction, e: Execution, sid: str, occurrence: int, req: StepRequest,
     dispatch_id: str, attempt: int, now: datetime, judged: Mapping[str, JudgeAnswer] | None,
     seen: _Seen | None = None,
 ) -> StepAnswer:
@@ -308,7 +308,7 @@ def _judged(d: Decision, inp: PolicyInput, judged: Mapping[str, JudgeAnswer] | N
 
 
 def _apply_rate_limit(
-    k: Kernel, tx: Tx, e: Execution, sid: str, req: StepRequest, d: Decision,
+    k: Kernel, tx: Transaction, e: Execution, sid: str, req: StepRequest, d: Decision,
     dispatch_id: str, attempt: int, now: datetime, seen: _Seen | None = None,
 ) -> StepAnswer | None:
     spec = d.rate_limit
@@ -353,7 +353,7 @@ def _rate_limited_event(sid: str, req: StepRequest, d: Decision, reason: str) ->
 
 
 def _refuse(
-    k: Kernel, tx: Tx, e: Execution, sid: str, req: StepRequest, d: Decision, reason: str,
+    k: Kernel, tx: Transaction, e: Execution, sid: str, req: StepRequest, d: Decision, reason: str,
     dispatch_id: str, attempt: int, now: datetime,
 ) -> StepAnswer:
     _renew(tx, dispatch_id, e.id, attempt, now)
@@ -375,7 +375,7 @@ def _gate_fork_effect(e: Execution, req: StepRequest, d: Decision) -> Decision:
 
 
 def _record(
-    k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest, d: Decision, now: datetime,
+    k: Kernel, tx: Transaction, e: Execution, sid: str, occurrence: int, req: StepRequest, d: Decision, now: datetime,
     counter: tuple[str, str, str, str, int],
 ) -> StepAnswer:
     """Write a step decided now: its row, its events, its decision record and its occurrence

@@ -1,11 +1,14 @@
-"""The store as the core sees it: one small Protocol per part of a transaction; `Tx` satisfies them all."""
+"""The store as the core sees it: `Store` opens transactions; one small Protocol per part of a
+transaction, and `Transaction`, all of them. `SqlStore` and its `Tx` satisfy them (mypy checks it where
+bootstrap hands the store to the `Kernel`); the core never names those classes."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+    from contextlib import AbstractContextManager
     from datetime import datetime
 
     from kernel.domain import (
@@ -15,11 +18,11 @@ if TYPE_CHECKING:
         Dispatch,
         Event,
         Execution,
+        PolicyEventType,
         Step,
         StepStatus,
     )
-    from kernel.store import Tx
-    from kernel.store.sql_shadow import TallyKey
+    from kernel.domain.decision import TallyKey
 
 
 @runtime_checkable
@@ -46,7 +49,7 @@ class ExecutionStore(Protocol):
     def find_execution_by_key(self, agent_id: str, key: str) -> Execution | None: ...
     def insert_execution(self, e: Execution) -> None: ...
     def list_executions(self, agent_id: str | None, status: str | None, cursor: str | None, limit: int, created_from: datetime | None=..., created_to: datetime | None=..., session: str | None=..., parent: str | None=..., newer_than: str | None=..., id_prefix: str | None=...) -> list[Execution]: ...
-    def count_executions_by_status(self, agent_id: str | None) -> dict[str, int]: ...
+    def count_executions_by_status(self, agent_id: str | None, cap: int | None=...) -> dict[str, int]: ...
     def execution_ids_past_deadline(self, now: datetime, limit: int) -> list[str]: ...
     def delete_terminal_executions_before(self, cutoff: datetime, limit: int) -> int: ...
 
@@ -87,6 +90,7 @@ class DispatchStore(Protocol):
     def defer_dispatch(self, dispatch_id: str, now: datetime, delay: float) -> tuple[str, int, int] | None: ...
     def clear_counters(self, dispatch_id: str) -> None: ...
     def due_dispatch_ids(self, now: datetime, limit: int) -> list[str]: ...
+    def due_by_agent(self, now: datetime, limit: int, skip_agents: Collection[str]=..., skip_ids: Collection[str]=...) -> list[tuple[str, str]]: ...
     def expired_leases(self, now: datetime, default_lease_seconds: float, limit: int) -> list[tuple[str, str, float]]: ...
     def record_request_signature(self, agent_id: str, timestamp: int, signature: str, expires_at: datetime) -> bool: ...
     def purge_request_signatures(self, before: datetime) -> int: ...
@@ -180,16 +184,38 @@ class ShadowStore(Protocol):
     def shadow_tallies(self, shadow_id: int) -> list[Any]: ...
     def shadow_disagreement_counts(self, shadow_id: int, column: str, limit: int) -> list[tuple[str, int]]: ...
     def shadow_disagreement_samples(self, shadow_id: int, limit: int) -> list[Any]: ...
-    def add_policy_event(self, agent_id: str, type_: str, now: datetime, *, actor: str | None, credential: str | None, seq: int | None=..., shadow_id: int | None=..., payload: Mapping[str, Any] | None=...) -> None: ...
+    def add_policy_event(self, agent_id: str, type_: PolicyEventType, now: datetime, *, actor: str | None, credential: str | None, seq: int | None=..., shadow_id: int | None=..., payload: Mapping[str, Any] | None=...) -> None: ...
     def policy_events(self, agent_id: str, limit: int, types: Iterable[str] | None=...) -> list[Any]: ...
 
 
 STORE_PARTS: tuple[type, ...] = (ExecutionStore, StepStore, DispatchStore, AuditStore, SessionStore,
                                  ResourceStore, ShadowStore)
 
-if TYPE_CHECKING:
 
-    def _tx_is_every_part(tx: Tx) -> tuple[ExecutionStore, StepStore, DispatchStore, AuditStore, SessionStore,
-                                           ResourceStore, ShadowStore]:
-        """mypy checks here that `Tx` satisfies each part, method by method."""
-        return (tx, tx, tx, tx, tx, tx, tx)
+@runtime_checkable
+class Transaction(ExecutionStore, StepStore, DispatchStore, AuditStore, SessionStore, ResourceStore, ShadowStore,
+                  Protocol):
+    """One transaction, every part: what a use case whose writes cross parts takes (a step's
+    outcome appends events, updates the step and retires dispatches in one). A function that
+    reads or writes one part takes that part."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What the core opens transactions on (`SqlStore`; bootstrap picks the dialect).
+
+    `transaction(lock=…, session=…)` is the one way to mutate, serialising the writes of one
+    execution (and one session's admission); `read()` is a consistent snapshot; `autocommit()` a
+    use case of one statement. `after_commit(fn)` runs `fn` once this thread's last transaction
+    has committed (a lane thread may hold it in an open commit group); `leader(name)` yields
+    whether this replica runs a singleton sweep this tick."""
+
+    dialect: str  # "sqlite" | "postgresql": the API's signed-request guard is shared only on PostgreSQL
+
+    def transaction(self, lock: str | None = ..., session: str | None = ...,
+                    write: bool = ...) -> AbstractContextManager[Transaction]: ...
+    def read(self) -> AbstractContextManager[Transaction]: ...
+    def autocommit(self) -> AbstractContextManager[Transaction]: ...
+    def after_commit(self, fn: Callable[[], None]) -> None: ...
+    def leader(self, name: str) -> AbstractContextManager[bool]: ...
+    def ping(self) -> None: ...

@@ -149,6 +149,10 @@ def resolve_judge(d: Decision, answer: JudgeAnswer) -> Decision:
     return dataclasses.replace(d, verdict=verdict, reason=reason, judge=None, judge_record=record)
 
 
+# A shadow tally's key: (agreed | disagreed | error, the active bundle's outcome, the shadow's).
+TallyKey = tuple[str, str, str]
+
+
 @dataclass(frozen=True, slots=True)
 class ShadowRef:
     """An agent's shadow (candidate) bundle being evaluated, without its content."""

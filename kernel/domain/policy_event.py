@@ -21,3 +21,5 @@ class PolicyEventType(StrEnum):
 
 _ACTIVATING = frozenset({PolicyEventType.ACTIVATED, PolicyEventType.CLEARED, PolicyEventType.PROMOTED,
                          PolicyEventType.ROLLED_BACK})
+# The stored names of the events that change which revision is active (rollback reads them back).
+ACTIVATIONS: tuple[str, ...] = tuple(e.value for e in PolicyEventType if e.changes_active)

@@ -17,8 +17,8 @@ from mcp import types
 
 from kernel.gateway.kernel_client import Lease
 from kernel.identity import args_hash
+from kernel.manifest_mcp import McpAgent
 from kernel.mcp.catalog import Entry, Metrics
-from kernel.mcp.config import McpAgent
 from kernel.mcp.leases import Slot
 from kernel.mcp.upstream import UpstreamError
 

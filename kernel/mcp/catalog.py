@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from mcp import types
 from prometheus_client import CollectorRegistry, Counter
 
-from kernel.mcp.config import McpAgent
+from kernel.manifest_mcp import McpAgent
 from kernel.mcp.pins import PinStore, definition_hash
 from kernel.mcp.upstream import UpstreamConn
 

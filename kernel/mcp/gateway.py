@@ -20,9 +20,9 @@ from mcp import McpError, types
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.session import ServerSession
 
+from kernel.manifest_mcp import McpAgent
 from kernel.mcp.calls import Call, Caller, error_result
 from kernel.mcp.catalog import APPROVED, CHANGED, Entry, Metrics, build
-from kernel.mcp.config import McpAgent
 from kernel.mcp.leases import AgentLink, LeaseBook, Slot
 from kernel.mcp.pins import PinStore
 from kernel.mcp.upstream import CONNECT_TIMEOUT_SECONDS, UpstreamConn, UpstreamError

@@ -16,7 +16,7 @@ from mcp import ClientSession, McpError, StdioServerParameters, types
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from kernel.mcp.config import Upstream
+from kernel.manifest_mcp import Upstream
 
 log = logging.getLogger("regent.mcp")
 

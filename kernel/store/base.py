@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine, bindparam, or_, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from kernel.domain import DispatchStatus
-from kernel.errors import StoreUnavailable
+from kernel.errors import StoreConflict, StoreUnavailable
 from kernel.store import codec
 from kernel.store import tables as t
 from kernel.store.prepared import PreparedCache, driver
@@ -90,8 +90,12 @@ class SqlStore:
             # A database that cannot be reached or written (a lost connection, a full disk) is a
             # 503 the client can retry, not an internal error; anything else stays what it is.
             # (The hot path runs driver statements and commits, so driver errors arrive here too.)
+            # A broken constraint becomes the kernel's StoreConflict: the core never sees SQLAlchemy.
             reason = self.unavailable_reason(exc)
             if reason is None:
+                conflict = self.conflict(exc)
+                if conflict is not None:
+                    raise conflict from exc
                 raise
             broken = True  # its transaction state is unknown: never hand it out again
             raise StoreUnavailable(f"store unavailable: {reason}") from exc
@@ -114,6 +118,17 @@ class SqlStore:
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
             return "the database connection was lost"
         return None
+
+    def conflict(self, exc: BaseException) -> StoreConflict | None:
+        """The kernel's error for a driver's integrity error (a unique key taken, a referenced row
+        gone), or None when `exc` is some other fault."""
+        if not isinstance(exc, IntegrityError):
+            return None
+        return StoreConflict(f"store conflict: {self.conflict_reason(exc)}")
+
+    def conflict_reason(self, exc: IntegrityError) -> str:
+        """Which constraint the write broke, said without SQL or values (they may hold agent input)."""
+        return "a write broke a uniqueness or reference constraint"
 
     def _lock_execution(self, conn: Connection, execution_id: str) -> None:
         raise NotImplementedError

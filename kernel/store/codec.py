@@ -1,4 +1,4 @@
-"""JSON text <-> values for the store's TEXT columns, and row -> domain conversion."""
+"""JSON text <-> values for the store's TEXT columns (the text is `kernel.jsontext`'s), and row -> domain conversion."""
 
 from __future__ import annotations
 
@@ -20,33 +20,9 @@ from kernel.domain import (
     StepStatus,
 )
 from kernel.domain.approval import APPROVAL_ARGS_MAX_CHARS
-from kernel.jsontext import compact_encoder
-
-_encode = compact_encoder(ensure_ascii=False)
-_encode_ascii = compact_encoder(ensure_ascii=True)
-
-
-def dumps(value: Any) -> str:
-    """Compact JSON text, raw UTF-8 where it can be. A value holding a lone surrogate (valid JSON,
-    which Python's `surrogateescape` makes routinely) is not UTF-8, so its text is written with
-    every non-ASCII character escaped instead: stored losslessly, read back the same. (NUL is
-    always escaped in JSON text, so TEXT columns never see one.)"""
-    text = _encode(value)
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return _encode_ascii(value)
-    return text
-
-
-def dumps_or_none(value: Any) -> str | None:
-    return None if value is None else dumps(value)
-
-
-def loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
+from kernel.jsontext import dumps as dumps
+from kernel.jsontext import dumps_or_none as dumps_or_none
+from kernel.jsontext import loads as loads
 
 _MISS = object()
 

@@ -13,7 +13,7 @@ from psycopg.pq import Escaping, ExecStatus, TransactionStatus
 from sqlalchemy import create_engine, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from kernel.store.base import SqlStore, end_transaction
 from kernel.store.prepared import Prepared
@@ -65,6 +65,12 @@ class PostgresStore(SqlStore):
                 return ("the database refused or lost the connection" if state is None or state[:2] != "53"
                         else "the database is out of resources (disk or connections)")
         return super().unavailable_reason(exc)
+
+    def conflict_reason(self, exc: IntegrityError) -> str:
+        # The server's message repeats the offending key's values (DETAIL: Key (id)=(…)): only
+        # the constraint's name is kept.
+        name = getattr(getattr(exc.orig, "diag", None), "constraint_name", None)
+        return f"constraint {name} failed" if name else super().conflict_reason(exc)
 
     def _lock_execution(self, conn: Connection, execution_id: str) -> None:
         # Transaction-scoped: released by COMMIT/ROLLBACK, so no code path can leak it.

@@ -11,15 +11,11 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
 
-from kernel.domain import PolicyEventType
+from kernel.domain.decision import TallyKey
 from kernel.store import tables as t
 from kernel.store.dialect import TxPart
 
 SHADOWING = "shadowing"
-# The audit event types that change which revision is active (rollback reads them back).
-ACTIVATIONS = tuple(e.value for e in PolicyEventType if e.changes_active)
-
-TallyKey = tuple[str, str, str]  # (outcome, active decision, shadow decision)
 
 
 class ShadowQueries(TxPart):

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, event, func
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.engine.url import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from kernel.errors import ConfigError, StoreUnavailable
 from kernel.store.base import CommitGroups, SqlStore, end_transaction
@@ -206,12 +206,15 @@ class SqliteStore(SqlStore):
                 raise
             raw.execute(f"RELEASE {name}")
         except Exception as exc:
+            conflict = self.conflict(exc)
             if not raw.in_transaction or self.unavailable_reason(exc) is not None:
                 # SQLite ended the group's transaction itself (an I/O error, a full disk): what
                 # the group wrote is gone, so every use case in it fails.
-                g.discard(exc)
+                g.discard(conflict or exc)
             reason = self.unavailable_reason(exc)
             if reason is None:
+                if conflict is not None:  # as `_connection` does outside a group
+                    raise conflict from exc
                 raise
             raise StoreUnavailable(f"store unavailable: {reason}") from exc
 
@@ -301,6 +304,12 @@ class SqliteStore(SqlStore):
                 if needle in text:
                     return reason
         return super().unavailable_reason(exc)
+
+    def conflict_reason(self, exc: IntegrityError) -> str:
+        # sqlite3 names the constraint and its columns ("UNIQUE constraint failed: steps.step_id",
+        # "FOREIGN KEY constraint failed"), never the values.
+        orig = exc.orig
+        return str(orig) if isinstance(orig, sqlite3.IntegrityError) else super().conflict_reason(exc)
 
     def upsert(self, conn: Connection, table: Any, values: dict[str, Any], key: Iterable[str]) -> None:
         stmt = sqlite_insert(table).values(**values)

@@ -200,8 +200,9 @@ class EventRow(SQLModel, table=True):
 class StepRow(SQLModel, table=True):
     __tablename__ = "steps"
     __table_args__ = (
+        # Also the index of an execution's steps (its first column): a second index on execution_id
+        # alone was dropped in migration 014 (PostgreSQL's generic plan of a submit's read took it).
         UniqueConstraint("execution_id", "kind", "target", "args_hash", "occurrence"),
-        Index("ix_steps_execution", "execution_id"),
     )
 
     step_id: str = Field(sa_column=Column(String(64), primary_key=True))

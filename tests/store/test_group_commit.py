@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy.exc import IntegrityError
 
 from kernel import lane as threads
 from kernel.domain import Agent, Step, StepStatus
+from kernel.errors import StoreConflict
 from kernel.lane import Lane
 from kernel.store.migrations import migrate
 from kernel.store.sqlite import SqliteStore
@@ -123,7 +123,7 @@ def test_a_commit_that_fails_fails_every_use_case_of_its_group(grouped: Any) -> 
     answers = run_behind_a_blocker(lane, [write_agent(store, "a"), orphan_step, write_agent(store, "b")],
                                    lambda i: None)
 
-    assert all(isinstance(a, IntegrityError) for a in answers), answers
+    assert all(isinstance(a, StoreConflict) for a in answers), answers
     assert committed_agents(path) == set()
     # The lane goes on: the next use case commits on its own.
     assert asyncio.run(lane.call(write_agent(store, "after"))) == "after"

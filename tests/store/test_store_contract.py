@@ -24,7 +24,7 @@ from kernel.domain import (
     Step,
     StepStatus,
 )
-from kernel.errors import ConfigError
+from kernel.errors import ConfigError, StoreConflict
 from kernel.ids import new_uuid7
 from kernel.store import SqlStore, open_store
 from kernel.store.migrations import migrate
@@ -214,15 +214,30 @@ def test_step_identity_is_unique(store: SqlStore) -> None:
     with store.transaction(lock=eid) as tx:
         tx.insert_step(_step(eid, "d" * 64), None)
     # same step id
-    with pytest.raises(IntegrityError), store.transaction(lock=eid) as tx:
+    with pytest.raises(StoreConflict), store.transaction(lock=eid) as tx:
         tx.insert_step(_step(eid, "d" * 64), None)
     # different id, same (execution, kind, target, args_hash, occurrence)
-    with pytest.raises(IntegrityError), store.transaction(lock=eid) as tx:
+    with pytest.raises(StoreConflict), store.transaction(lock=eid) as tx:
         tx.insert_step(_step(eid, "e" * 64), None)
     with store.transaction(lock=eid) as tx:
         tx.insert_step(_step(eid, "f" * 64, occurrence=1), None)
     with store.read() as tx:
         assert sorted(s.step_id for s in tx.list_steps(eid)) == ["d" * 64, "f" * 64]
+
+
+def test_a_broken_constraint_is_a_store_conflict_that_names_no_values(store: SqlStore) -> None:
+    """The store's contract: a write that breaks a constraint raises the kernel's StoreConflict
+    (the core never sees the driver's error), and its message names the constraint, never the
+    values (PostgreSQL's own message repeats the key)."""
+    eid = _execution(store, _agent(store))
+    sid = "5ec2e7" + "0" * 58
+    with store.transaction(lock=eid) as tx:
+        tx.insert_step(_step(eid, sid), None)
+    with pytest.raises(StoreConflict) as caught, store.transaction(lock=eid) as tx:
+        tx.insert_step(_step(eid, sid), None)
+    assert isinstance(caught.value.__cause__, IntegrityError)
+    assert str(caught.value).startswith("store conflict: ")
+    assert "5ec2e7" not in str(caught.value) and eid not in str(caught.value)
 
 
 # -- occurrence counters --------------------------------------------------------------------------
@@ -431,7 +446,7 @@ def test_append_writes_a_new_step_and_its_counter_with_the_events(store: SqlStor
     ghost = new_uuid7()
     # PostgreSQL's one statement finds no execution and writes nothing; SQLite's step insert
     # fails its foreign key first. Either way the transaction fails and nothing is left.
-    with pytest.raises((LookupError, IntegrityError)), store.transaction(lock=ghost) as tx:
+    with pytest.raises((LookupError, StoreConflict)), store.transaction(lock=ghost) as tx:
         tx.append(ghost, T0, [("step.proposed", {"step_id": "c" * 64})],
                   step=(_step(ghost, "c" * 64), None), counter=(did, "tool_call", "u", HASH, 1))
     with store.read() as tx:

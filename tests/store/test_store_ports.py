@@ -3,7 +3,7 @@ through (mypy checks the same where bootstrap and the core hand them over)."""
 
 from __future__ import annotations
 
-from kernel.core.store_ports import STORE_PARTS
+from kernel.core.store_ports import STORE_PARTS, Store, Transaction
 from kernel.policy.source import BundleReads, BundleSource
 from kernel.store import SqlStore
 
@@ -19,3 +19,9 @@ def test_a_transaction_is_every_store_part_the_core_names(store: SqlStore) -> No
         missing = [part.__name__ for part in STORE_PARTS if not isinstance(tx, part)]
     assert missing == []
     assert len(STORE_PARTS) == 7
+
+
+def test_the_store_is_what_the_core_opens_and_its_transactions_have_every_part(store: SqlStore) -> None:
+    assert isinstance(store, Store)
+    with store.transaction() as tx:
+        assert isinstance(tx, Transaction)

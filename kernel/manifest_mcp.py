@@ -1,5 +1,8 @@
 """An agent's `mcp:` section of the provisioning manifest (docs/mcp.md): its upstream MCP servers,
-which tools are `at_most_once`, which tool definitions are pinned, and how long a call waits."""
+which tools are `at_most_once`, which tool definitions are pinned, and how long a call waits.
+
+The manifest's schema, beside `manifest.py`, which validates it at load; the MCP gateway
+(`kernel/mcp/`) reads it from there, so the manifest never imports the gateway."""
 
 from __future__ import annotations
 
