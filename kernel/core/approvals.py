@@ -23,7 +23,7 @@ from kernel.domain import (
     ExecutionStatus,
     StepStatus,
 )
-from kernel.errors import Conflict, Forbidden, NotFound, ValidationError
+from kernel.errors import Conflict, Forbidden, NotFound, invalid
 
 MAX_RATIONALE_CHARS = 10_000  # an approval's `rationale` (docs/api.md, "Bounds")
 MAX_DECIDED_BY_CHARS = 200
@@ -89,9 +89,9 @@ def decide_approval(
     """
     # Both are stored and shown on every page listing the approval; a 5 MB rationale was accepted.
     if len(decided_by) > MAX_DECIDED_BY_CHARS:
-        raise ValidationError(f"validation error: decided_by must be at most {MAX_DECIDED_BY_CHARS} characters")
+        raise invalid(f"decided_by must be at most {MAX_DECIDED_BY_CHARS} characters")
     if rationale is not None and len(rationale) > MAX_RATIONALE_CHARS:
-        raise ValidationError(f"validation error: rationale must be at most {MAX_RATIONALE_CHARS} characters")
+        raise invalid(f"rationale must be at most {MAX_RATIONALE_CHARS} characters")
     now = k.clock.now()
     with k.store.read() as tx:
         a0 = tx.get_approval(approval_id)
@@ -220,7 +220,7 @@ def expire_approvals(k: Kernel, limit: int = 100) -> int:
     return n
 
 
-def _expire(k: Kernel, tx: Tx, approval_id: str, now: datetime) -> int:
+def _expire(k: Kernel, tx: Transaction, approval_id: str, now: datetime) -> int:
     """Expire one approval under its execution's lock (re-read: it may have been answered)."""
     a = tx.get_approval(approval_id)
     if a is None or a.status != ApprovalStatus.PENDING or a.timeout_at > now:
