@@ -1,4 +1,4 @@
-"""The load generator: one signing httpx client per worker thread, the same for every target.
+"""The load generator: one signing HTTP/1.1 client per worker thread, the same for every target.
 
 Every request the bench sends goes through `Agent.post`, so the bare ceiling, SQLite and
 PostgreSQL receive byte-identical request shapes (same headers, same body sizes) from the same
@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import json
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import httpx
 
 
 class BenchError(Exception):
@@ -38,12 +38,26 @@ def sign(secret: str, method: str, target: str, ts: str, dispatch_id: str, attem
 
 
 class Agent:
-    """A keep-alive HTTP/1.1 client that signs like the official SDK. One per thread."""
+    """A keep-alive HTTP/1.1 client that signs like the official SDK. One per thread.
+
+    On the standard library's `http.client`, not httpx: the bench client shares the machine's two
+    CPUs with the kernel and the database, and httpx's request and response models cost ~0.6 ms
+    of CPU per request against ~0.15 ms here (the bare app's round trip, two requests: 1.0 → 0.3 ms
+    client CPU, measured 2026-12-05). The bytes on the wire are the same request: POST, the
+    signature headers, a JSON body with its Content-Length, one persistent connection."""
 
     def __init__(self, base_url: str, agent_id: str, secret: str):
-        self.http = httpx.Client(base_url=base_url, timeout=30.0)
+        u = urllib.parse.urlsplit(base_url)
+        if u.scheme != "http" or not u.hostname:
+            raise ValueError(f"the bench client speaks plain HTTP to a host: {base_url}")
+        self.host, self.port = u.hostname, u.port or 80
+        self.conn = self._connect()
         self.agent_id = agent_id
         self.secret = secret
+        self.key = secret.encode()
+
+    def _connect(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=30.0)
 
     def post(self, path: str, body: dict[str, Any], lease: Lease) -> dict[str, Any]:
         data = json.dumps(body).encode()
@@ -56,17 +70,30 @@ class Agent:
             "Rebuno-Dispatch-Id": lease.dispatch_id,
             "Rebuno-Dispatch-Attempt": attempt,
             "Content-Type": "application/json",
+            "Accept": "*/*",  # as httpx and the SDK send; http.client adds Host and Content-Length
+            "User-Agent": "regent-bench",
         }
-        r = self.http.post(path, content=data, headers=headers)
-        if r.status_code != 200:
-            raise BenchError(f"POST {path} → {r.status_code}: {r.text[:300]}")
-        out = r.json()
+        try:
+            self.conn.request("POST", path, body=data, headers=headers)
+            r = self.conn.getresponse()
+            raw = r.read()
+        except (OSError, http.client.HTTPException) as exc:
+            # No retry: the same signed request again would be refused as a replay.
+            self.conn.close()
+            self.conn = self._connect()
+            raise BenchError(f"POST {path} → {type(exc).__name__}: {exc}") from exc
+        if r.will_close:
+            self.conn.close()
+            self.conn = self._connect()
+        if r.status != 200:
+            raise BenchError(f"POST {path} → {r.status}: {raw[:300].decode(errors='replace')}")
+        out = json.loads(raw)
         if not isinstance(out, dict):
-            raise BenchError(f"POST {path} → not a JSON object: {r.text[:300]}")
+            raise BenchError(f"POST {path} → not a JSON object: {raw[:300].decode(errors='replace')}")
         return out
 
     def close(self) -> None:
-        self.http.close()
+        self.conn.close()
 
 
 # -- the request shapes ------------------------------------------------------------------------------

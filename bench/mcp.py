@@ -178,7 +178,7 @@ agents:
             out = asyncio.run(_measure(f"{gw_base}/mcp/bench-mcp", f"http://127.0.0.1:{up_port}/mcp", plain,
                                        _Receiver.leases[eid], n, seconds, warmup))
         finally:
-            plain.http.close()
+            plain.close()
         calls = len(out["gateway"]) + warmup
         # CPU seconds per interleaved round (a gateway call, a direct call, a plain round trip).
         out.update({f"cpu_{k}": [(proc_cpu(pid) - before[k]) / calls] for k, pid in procs.items()})

@@ -330,7 +330,7 @@ def _run(p: Profile) -> list[Result]:
     out: list[Result] = []
     tmp = Path(tempfile.mkdtemp(prefix="regent-bench-peer-"))
     try:
-        for store in ("sqlite", "postgres"):
+        for store in [k for k in os.environ.get("REGENT_BENCH_PEER_STORES", "sqlite,postgres").split(",") if k]:
             try:
                 commit = fsync_reference(tmp, 300)[1] if store == "sqlite" else pg_commit_p50(pg_url)
                 out += results_for(store, measure_store(store, p, pg_url, tmp), commit, p.concurrency)

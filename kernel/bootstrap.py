@@ -242,14 +242,12 @@ def mcp_gateway(settings: Settings, kernel: Kernel, manifest: Manifest | None, a
     import functools
     from pathlib import Path
 
-    from kernel.api.errors import CODE_TO_STATUS
     from kernel.api.routes import agent
     from kernel.mcp.inkernel import Host, mount
 
     assert manifest is not None
     host_ = Host(submit=functools.partial(agent.submit, kernel, app.state.metrics),
-                 outcome=functools.partial(agent.outcome, kernel, app.state.metrics),
-                 status=lambda code: CODE_TO_STATUS.get(code, 500))
+                 outcome=functools.partial(agent.outcome, kernel, app.state.metrics))
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     host = f"[{host}]" if ":" in host else host
     admin = settings.mcp_admin_token.get_secret_value() if settings.mcp_admin_token else None

@@ -1,12 +1,28 @@
-"""The error tree: one stable snake_case ``code`` per class. Imports nothing of ours.
+"""The error tree: one stable snake_case ``code`` per class, and the one code → HTTP status table.
 
-`kernel/api/errors.py` alone maps codes to HTTP statuses. A policy deny is a result, never one of
-these exceptions.
+Imports nothing of ours. The API (`kernel/api/errors.py`, the envelope) and the console (error
+pages) both answer with `CODE_TO_STATUS`. A policy deny is a result, never one of these exceptions.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+# The one code → status table; a code missing from it answers 500.
+CODE_TO_STATUS: dict[str, int] = {
+    "validation_error": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "conflict": 409,
+    "execution_terminal": 409,
+    "lease_superseded": 409,
+    "payload_too_large": 413,
+    "internal_error": 500,
+    "overloaded": 503,
+    "unavailable": 503,
+}
 
 
 class RegentError(Exception):

@@ -10,6 +10,9 @@ from typing import Any
 from kernel.errors import ValidationError, invalid
 
 MAX_DEPTH = 512
+# Python's own bound on int <-> str conversion (sys.get_int_max_str_digits); a longer integer
+# could not be stored or answered, so it is refused at parse time, lexical or not.
+MAX_INT_DIGITS = 4300
 
 _JSON_WS = " \t\n\r"
 _WS = re.compile(r"[ \t\n\r]*")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from kernel.errors import ValidationError
+from kernel.errors import invalid
 
 
 def text_problem(value: str) -> str | None:
@@ -31,7 +31,7 @@ def check_text(value: str, what: str) -> str:
     """`value`, or a 400 naming `what` when it holds NUL or a lone surrogate."""
     problem = text_problem(value)
     if problem is not None:
-        raise ValidationError(f"validation error: {what} {problem}")
+        raise invalid(f"{what} {problem}")
     return value
 
 

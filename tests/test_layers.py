@@ -17,6 +17,7 @@ KERNEL = Path(kernel.__file__).parent
 RULES = {
     "core": ("kernel.store", "sqlalchemy", "kernel.api", "kernel.console", "kernel.cli", "kernel.bootstrap",
              "kernel.mcp", "kernel.gateway", "kernel.manifest"),
+    "console": ("kernel.api", "kernel.store", "kernel.cli", "kernel.bootstrap", "sqlalchemy"),
     "domain": ("kernel.", "sqlalchemy"),
     "errors.py": ("kernel.",),
     "policy": ("kernel.store", "kernel.core", "kernel.api", "sqlalchemy"),

@@ -16,7 +16,8 @@ from kernel.core.api_keys import SCOPES
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
 from kernel.core.request_reuse import ReplayGuard, SharedReplays
-from kernel.errors import Forbidden, Unauthorized
+from kernel.errors import Forbidden, Unauthorized, ValidationError, invalid
+from kernel.ids import parse_uuid, whole_number
 from kernel.lane import before_next_call, call
 from kernel.signing import verify_request
 
@@ -51,6 +52,19 @@ class AgentCall:
     body: bytes
     dispatch_id: str | None
     dispatch_attempt: str | None
+
+    def lease(self) -> tuple[str, int]:
+        """The two dispatch headers → (canonical dispatch id, attempt ≥ 1), or 400."""
+        if not self.dispatch_id:
+            raise invalid("bad or missing Rebuno-Dispatch-Id")
+        try:
+            did = parse_uuid(self.dispatch_id)
+        except ValidationError:
+            raise invalid("bad or missing Rebuno-Dispatch-Id") from None
+        n = whole_number((self.dispatch_attempt or "").strip())
+        if n is None or n < 1:
+            raise invalid("bad or missing Rebuno-Dispatch-Attempt")
+        return did, n
 
 
 class Authenticator:

@@ -13,7 +13,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, WithJsonSchema
 from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import Request
 
-from kernel.errors import ValidationError
+from kernel.errors import invalid
+from kernel.identity import MAX_INT_DIGITS
 from kernel.ids import whole_number
 from kernel.text import text_problem
 
@@ -73,11 +74,6 @@ class _Number(str):
     __slots__ = ()
 
 
-# Python's own bound on int <-> str conversion (sys.get_int_max_str_digits); a longer integer
-# could not be stored or answered, so it is refused at parse time, lexical or not.
-MAX_INT_DIGITS = 4300
-
-
 def _int(text: str) -> int:
     _check_digits(text)
     return int(text)
@@ -90,12 +86,12 @@ def _int_lexeme(text: str) -> _Number:
 
 def _check_digits(text: str) -> None:
     if len(text) > MAX_INT_DIGITS and len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValidationError(f"validation error: an integer has more than {MAX_INT_DIGITS} digits")
+        raise invalid(f"an integer has more than {MAX_INT_DIGITS} digits")
 
 
 def loads_json(raw: bytes, *, lexical: bool = False) -> Any:
     if not raw.strip():
-        raise ValidationError("validation error: empty body")
+        raise invalid("empty body")
     try:
         text = raw.decode("utf-8")
         decoder = _LEXICAL if lexical else _DECODER
@@ -103,22 +99,22 @@ def loads_json(raw: bytes, *, lexical: bool = False) -> Any:
         # unless they are whitespace — Regent chooses the stricter reading (docs/api.md).
         value, end = decoder.raw_decode(text.lstrip())
         if text.lstrip()[end:].strip():
-            raise ValidationError("validation error: trailing data after the JSON body")
+            raise invalid("trailing data after the JSON body")
         return value
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValidationError(f"validation error: malformed JSON body: {exc}") from None
+        raise invalid(f"malformed JSON body: {exc}") from None
     except RecursionError:
-        raise ValidationError("validation error: JSON body nested too deeply") from None
+        raise invalid("JSON body nested too deeply") from None
 
 
 def _no_constant(name: str) -> Any:
-    raise ValidationError(f"validation error: {name} is not JSON")
+    raise invalid(f"{name} is not JSON")
 
 
 def _finite(text: str) -> float:
     value = float(text)
     if value in (float("inf"), float("-inf")):
-        raise ValidationError(f"validation error: number {text[:40]} is out of range")
+        raise invalid(f"number {text[:40]} is out of range")
     return value
 
 
@@ -127,7 +123,7 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(out) != len(pairs):
         seen: set[str] = set()
         dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise ValidationError(f"validation error: duplicate key {dup[:80]!r} in the JSON body")
+        raise invalid(f"duplicate key {dup[:80]!r} in the JSON body")
     return out
 
 
@@ -194,9 +190,9 @@ def parse_model(model: type[M], raw: bytes, *, lexical: bool = False, allow_empt
     else:
         value = loads_json(raw, lexical=lexical)
     if not isinstance(value, dict):
-        raise ValidationError("validation error: body must be a JSON object")
+        raise invalid("body must be a JSON object")
     if isinstance(value, _Duplicated):
-        raise ValidationError("validation error: duplicate key in the JSON body")
+        raise invalid("duplicate key in the JSON body")
     try:
         return model.model_validate(value)
     except PydanticValidationError as exc:
@@ -204,7 +200,7 @@ def parse_model(model: type[M], raw: bytes, *, lexical: bool = False, allow_empt
         where = ".".join(str(p) for p in err.get("loc", ()))
         kind = err.get("type", "")
         if kind == "extra_forbidden":
-            msg = f'validation error: unknown field "{where}"'
+            msg = f'unknown field "{where}"'
         else:
-            msg = f"validation error: {where}: {err.get('msg')}"
-        raise ValidationError(msg) from None
+            msg = f"{where}: {err.get('msg')}"
+        raise invalid(msg) from None

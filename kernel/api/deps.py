@@ -1,4 +1,4 @@
-"""Small helpers shared by the routers: the kernel from app state, ids, lease headers, threads."""
+"""Small helpers shared by the routers: the kernel from app state, ids, a signed route's opening, threads."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import compile_path, request_response
 
-from kernel.api.auth import Authenticator
+from kernel.api.auth import AgentCall, Authenticator, Repeat
 from kernel.core.kernel import Kernel
-from kernel.errors import ValidationError
-from kernel.ids import parse_uuid, whole_number
+from kernel.errors import ValidationError, invalid
+from kernel.ids import parse_uuid
 from kernel.lane import call, call_hot, long_lived  # noqa: F401 - the routers take them from here
 from kernel.text import check_text
 
@@ -31,7 +31,7 @@ def uuid_param(value: str, what: str = "id") -> str:
     try:
         return parse_uuid(value)
     except ValidationError:
-        raise ValidationError(f"validation error: invalid {what} {value!r}") from None
+        raise invalid(f"invalid {what} {value!r}") from None
 
 
 def agent_param(value: str) -> str:
@@ -45,18 +45,14 @@ def step_param(value: str) -> str:
     return check_text(value, "step id").lower()
 
 
-def lease(dispatch_id: str | None, attempt: str | None) -> tuple[str, int]:
-    """The two dispatch headers → (canonical dispatch id, attempt ≥ 1), or 400."""
-    if not dispatch_id:
-        raise ValidationError("validation error: bad or missing Rebuno-Dispatch-Id")
-    try:
-        did = parse_uuid(dispatch_id)
-    except ValidationError:
-        raise ValidationError("validation error: bad or missing Rebuno-Dispatch-Id") from None
-    n = whole_number((attempt or "").strip())
-    if n is None or n < 1:
-        raise ValidationError("validation error: bad or missing Rebuno-Dispatch-Attempt")
-    return did, n
+async def signed_on(request: Request, execution_id: str, repeat: Repeat,
+                    *, with_call: bool = False) -> tuple[AgentCall, str]:
+    """How every agent-signed route on one execution opens: the signature verified (401) and the
+    execution id read from the path (400). The route then parses its body and only then reads the
+    dispatch lease (`AgentCall.lease()`), so a malformed body is answered first; whether the agent
+    owns the execution and holds the lease is the use case's check, inside its transaction."""
+    a = await auth_of(request).agent(request, repeat, with_call=with_call)
+    return a, uuid_param(execution_id, "execution id")
 
 
 class LeanRoute(APIRoute):

@@ -1,4 +1,5 @@
-"""The one error table: code → HTTP status, and the `{code, message, details}` envelope."""
+"""Errors as the API answers them: the `{code, message, details}` envelope, at the status
+`kernel.errors.CODE_TO_STATUS` gives its code."""
 
 from __future__ import annotations
 
@@ -15,25 +16,9 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel.api.render import JSONResponse
-from kernel.errors import RegentError
+from kernel.errors import CODE_TO_STATUS, RegentError
 
 log = logging.getLogger("kernel.api")
-
-CODE_TO_STATUS: dict[str, int] = {
-    "validation_error": 400,
-    "unauthorized": 401,
-    "forbidden": 403,
-    "not_found": 404,
-    "method_not_allowed": 405,
-    "conflict": 409,
-    "execution_terminal": 409,
-    "lease_superseded": 409,
-    "payload_too_large": 413,
-    "internal_error": 500,
-    "overloaded": 503,
-    "unavailable": 503,
-}
-
 
 def envelope(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code, "message": message}

@@ -25,7 +25,8 @@ import logging
 from http import HTTPStatus
 from typing import Any
 
-from kernel.api.errors import CODE_TO_STATUS, error_response
+from kernel.api.errors import error_response
+from kernel.errors import CODE_TO_STATUS
 
 log = logging.getLogger("kernel.api")
 

@@ -30,7 +30,7 @@ from kernel.console.web import (
 )
 from kernel.core import agents, audit, policies, timeline
 from kernel.domain import DecisionOutcome
-from kernel.errors import ValidationError
+from kernel.errors import ValidationError, invalid
 from kernel.lane import call
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)  # pages, not the HTTP API
@@ -62,7 +62,7 @@ def _query(request: Request, limit: int, cursor: bool) -> tuple[audit.DecisionQu
     fields = {key: q.get(key, "").strip() for key in FIELDS}
     for key, value in fields.items():
         if len(value) > 1024:
-            raise ValidationError(f"validation error: {key} is too long")
+            raise invalid(f"{key} is too long")
     decision, rule = fields["decision"] or None, fields["rule_id"] or None
     if fields["decision"] in RULE_SHORTCUTS:
         decision, rule = None, RULE_SHORTCUTS[fields["decision"]]

@@ -9,7 +9,7 @@ from starlette.responses import Response
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, redirect, require, viewer
 from kernel.core import executions
 from kernel.core.lifecycle import Canceller, cancel_scope, check_rationale
-from kernel.errors import ValidationError
+from kernel.errors import ValidationError, invalid
 from kernel.ids import parse_uuid
 from kernel.lane import call
 
@@ -20,7 +20,7 @@ def _uuid(value: str) -> str:
     try:
         return parse_uuid(value)
     except ValidationError:
-        raise ValidationError(f"validation error: execution id {value!r} is not a UUID") from None
+        raise invalid(f"execution id {value!r} is not a UUID") from None
 
 
 async def _confirm_page(request: Request, eid: str, status: int = 200, rationale: str = "",

@@ -19,7 +19,7 @@ from kernel.console.web import (
 )
 from kernel.core import agents, timeline
 from kernel.domain import ExecutionStatus
-from kernel.errors import ValidationError
+from kernel.errors import ValidationError, invalid
 from kernel.ids import parse_uuid, whole_number
 from kernel.lane import call
 
@@ -32,7 +32,7 @@ def _uuid(value: str, what: str) -> str:
     try:
         return parse_uuid(value)
     except ValidationError:
-        raise ValidationError(f"validation error: {what} {value!r} is not a UUID") from None
+        raise invalid(f"{what} {value!r} is not a UUID") from None
 
 
 FIELDS = ("q", "agent_id", "status", "from", "to")  # the list's search form
@@ -51,7 +51,7 @@ async def list_page(request: Request) -> Response:
     try:
         status = filters["status"] or None
         if status is not None and status not in {s.value for s in ExecutionStatus}:
-            raise ValidationError(f"validation error: unknown status {status!r}")
+            raise invalid(f"unknown status {status!r}")
         cursor = _uuid(q["cursor"], "cursor") if q.get("cursor") else None
         newer = _uuid(q["newer"], "cursor") if q.get("newer") else None
         result = await call(timeline.execution_page, k, agent_id=filters["agent_id"] or None, status=status,

@@ -10,14 +10,13 @@ from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
-from kernel.api.body import MAX_INT_DIGITS
 from kernel.console.policies import gate_errors
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, require, viewer
 from kernel.core import agents, playground
 from kernel.core.policy_test import Candidate
 from kernel.domain import PolicyInput, StepKind
-from kernel.errors import NotFound, ValidationError
-from kernel.identity import MAX_DEPTH, canonical_json
+from kernel.errors import NotFound, ValidationError, invalid
+from kernel.identity import MAX_DEPTH, MAX_INT_DIGITS, canonical_json
 from kernel.ids import whole_number
 from kernel.lane import call
 from kernel.text import check_text
@@ -32,21 +31,21 @@ CANDIDATE_KINDS = ("yaml", "rego")
 def _input(fields: dict[str, str]) -> PolicyInput:
     kind = fields["kind"]
     if kind not in {k.value for k in StepKind}:
-        raise ValidationError(f"validation error: unknown step kind {kind!r}")
+        raise invalid(f"unknown step kind {kind!r}")
     if not fields["target"].strip():
-        raise ValidationError("validation error: the step needs a target")
+        raise invalid("the step needs a target")
     try:
         args = form_json(fields["args"], "args") if fields["args"].strip() else None
     except json.JSONDecodeError as exc:
-        raise ValidationError(f"validation error: args are not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise invalid(f"args are not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     if args is not None and not isinstance(args, dict):
-        raise ValidationError("validation error: args must be a JSON object")
+        raise invalid("args must be a JSON object")
     return PolicyInput(agent_id=fields["agent_id"], kind=kind, target=fields["target"].strip(), args=args)
 
 
 def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValidationError(f"validation error: an integer has more than {MAX_INT_DIGITS} digits")
+        raise invalid(f"an integer has more than {MAX_INT_DIGITS} digits")
     return int(text)
 
 
@@ -58,11 +57,11 @@ def form_json(text: str, what: str) -> Any:
         try:
             canonical_json(text)  # iterative: measures any depth, words the error
         except ValidationError as exc:
-            raise ValidationError(f"validation error: {what}: {exc.message.removeprefix('validation error: ')}") from None
+            raise invalid(f"{what}: {exc.message.removeprefix('validation error: ')}") from None
     try:
         return json.loads(text, parse_int=_bounded_int)
     except RecursionError:  # pragma: no cover - canonical_json refused it first
-        raise ValidationError(f"validation error: {what}: JSON nested deeper than {MAX_DEPTH}") from None
+        raise invalid(f"{what}: JSON nested deeper than {MAX_DEPTH}") from None
 
 
 def _candidate(fields: dict[str, Any]) -> tuple[Candidate | None, str]:
@@ -107,7 +106,7 @@ async def _fields(request: Request, v: Any) -> dict[str, Any]:
     # on PostgreSQL (R11 of regent chaos).
     check_text(fields["agent_id"], "agent id")
     if fields["candidate_kind"] not in CANDIDATE_KINDS:
-        raise ValidationError(f"validation error: a candidate is one of {', '.join(CANDIDATE_KINDS)}")
+        raise invalid(f"a candidate is one of {', '.join(CANDIDATE_KINDS)}")
     upload = data.get("candidate_file")
     if isinstance(upload, UploadFile) and upload.filename:
         fields["candidate_file"] = (upload.filename, await upload.read())

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from kernel.console.web import ConsoleRoute, form, kernel_of, page, redirect, require, viewer
 from kernel.core import agents, policies, shadow
 from kernel.core.policies import Actor, PolicyRevision
-from kernel.errors import NotFound, ValidationError
+from kernel.errors import NotFound, ValidationError, invalid
 from kernel.ids import whole_number
 from kernel.lane import call
 from kernel.text import check_text
@@ -131,11 +131,11 @@ def parse_bundle(kind: str, text: str, raw: bytes | None, filename: str) -> tupl
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise ValidationError(f"validation error: {filename} is neither UTF-8 YAML nor a .tar.gz bundle") from None
+            raise invalid(f"{filename} is neither UTF-8 YAML nor a .tar.gz bundle") from None
     if kind != "yaml":
-        raise ValidationError("validation error: a Rego bundle is uploaded as a .tar.gz file")
+        raise invalid("a Rego bundle is uploaded as a .tar.gz file")
     if not text.strip():
-        raise ValidationError("validation error: the bundle is empty (paste YAML or choose a file)")
+        raise invalid("the bundle is empty (paste YAML or choose a file)")
     return "yaml", text
 
 
@@ -177,7 +177,7 @@ async def _activate_page(request: Request, agent_id: str, seq: int, status: int 
     require(v, "policies:write")
     check_text(agent_id, "agent id")
     if not 1 <= seq <= policies.MAX_REVISION_SEQ:  # a number no store column holds: a 400, as the core says
-        raise ValidationError(f"validation error: a revision is numbered 1-{policies.MAX_REVISION_SEQ}")
+        raise invalid(f"a revision is numbered 1-{policies.MAX_REVISION_SEQ}")
     policies.refuse_if_pulled(kernel_of(request), agent_id, _actor(v), "re-activating a revision")
     ctx = await call(_overview, kernel_of(request), agent_id)
     chosen = next((r for r in ctx["revisions"] if r.seq == seq), None)

@@ -18,13 +18,12 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from kernel.api.errors import CODE_TO_STATUS
 from kernel.clock import parse_time
 from kernel.console.session import ANONYMOUS, BOOTSTRAP, COOKIE, Session, Sessions, Viewer
 from kernel.core.api_keys import key_principal
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
-from kernel.errors import Forbidden, RegentError, ValidationError
+from kernel.errors import CODE_TO_STATUS, Forbidden, RegentError, invalid
 from kernel.ids import whole_number
 from kernel.lane import call
 
@@ -200,7 +199,7 @@ async def form(request: Request, v: Viewer) -> dict[str, Any]:
     same_origin(request)
     length = whole_number(request.headers.get("content-length"))
     if length is not None and length > FORM_LIMIT:
-        raise ValidationError("validation error: the form is over the size limit")
+        raise invalid("the form is over the size limit")
     data = await request.form(max_part_size=FORM_LIMIT)
     fields: dict[str, Any] = {}
     for key, value in data.multi_items():

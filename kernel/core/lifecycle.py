@@ -13,7 +13,7 @@ from kernel.core import events as ev
 from kernel.core.kernel import Kernel
 from kernel.core.store_ports import ExecutionStore, Transaction
 from kernel.domain import ApprovalStatus, EventType, Execution, ExecutionStatus, StepStatus
-from kernel.errors import Forbidden, NotFound, ValidationError
+from kernel.errors import Forbidden, NotFound, invalid
 
 CANCELLED_ERROR = {"reason": "execution_cancelled"}
 CANCELLED_RATIONALE = "execution_cancelled"  # an approval's rationale when its execution was cancelled
@@ -38,7 +38,7 @@ def check_rationale(text: str | None) -> str | None:
     """A cancel's why as recorded: trimmed, None when blank; ValidationError past the bound."""
     text = (text or "").strip()
     if len(text) > MAX_RATIONALE_CHARS:
-        raise ValidationError(f"validation error: rationale is over {MAX_RATIONALE_CHARS} characters")
+        raise invalid(f"rationale is over {MAX_RATIONALE_CHARS} characters")
     return text or None
 
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 from kernel.core.kernel import Kernel
 from kernel.domain import PolicyEventType
 from kernel.domain.policy_event import ACTIVATIONS
-from kernel.errors import Conflict, NotFound, ValidationError
+from kernel.errors import Conflict, NotFound, invalid
 from kernel.text import check_text
 
 MAX_REVISION_SEQ = 999_999_999  # a revision number any store column holds
@@ -105,7 +105,7 @@ def rego_content(mapping_or_bundle: Any) -> str:
     try:
         b = mapping_or_bundle if hasattr(mapping_or_bundle, "modules") else parse_rego_bundle(mapping_or_bundle)
     except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800") in a module or in data: not UTF-8
-        raise ValidationError("validation error: bundle must be valid Unicode (a lone surrogate is not)") from None
+        raise invalid("bundle must be valid Unicode (a lone surrogate is not)") from None
     return json.dumps({"modules": dict(b.modules), "data": b.data, "manifest": b.manifest},
                       sort_keys=True, ensure_ascii=False)
 
@@ -192,7 +192,7 @@ def revision_by_hash(k: Kernel, agent_id: str, policy_hash: str) -> PolicyRevisi
     the bundle behind any decision that recorded that hash."""
     h = policy_hash.lower()
     if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
-        raise ValidationError("validation error: a policy hash is 64 hex digits (SHA-256)")
+        raise invalid("a policy hash is 64 hex digits (SHA-256)")
     with k.store.read() as tx:
         if tx.get_agent(agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
@@ -218,10 +218,10 @@ def policy_hash_of(k: Kernel, bundle: str, agent_id: str | None = None) -> str:
             hashes = tx.policy_hashes_with_prefix(text.lower(), agent_id)
             what = "policy hash prefix"
     if not hashes:
-        raise ValidationError(f"validation error: no stored bundle has the revision {text!r} "
+        raise invalid(f"no stored bundle has the revision {text!r} "
                               "(give a revision, a policy hash or its first 8 or more digits)")
     if len(hashes) > 1:
-        raise ValidationError(f"validation error: the {what} {text!r} names {len(hashes)} different bundles; "
+        raise invalid(f"the {what} {text!r} names {len(hashes)} different bundles; "
                               f"pick an agent or give one of their policy hashes: {', '.join(h[:12] for h in hashes)}…")
     return hashes[0]
 
@@ -229,7 +229,7 @@ def policy_hash_of(k: Kernel, bundle: str, agent_id: str | None = None) -> str:
 def activate_revision(k: Kernel, agent_id: str, seq: int, actor: Actor | None = None) -> None:
     check_text(agent_id, "agent id")
     if not 1 <= seq <= MAX_REVISION_SEQ:
-        raise ValidationError(f"validation error: a revision is numbered 1-{MAX_REVISION_SEQ}")
+        raise invalid(f"a revision is numbered 1-{MAX_REVISION_SEQ}")
     who = actor or Actor()
     with k.store.transaction(lock=f"policy:{agent_id}") as tx:
         if tx.get_agent(agent_id) is None:

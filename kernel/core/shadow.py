@@ -17,7 +17,7 @@ from kernel.core.retention import delete_in_batches
 from kernel.domain import Decision, PolicyEventType, PolicyInput, Verdict
 from kernel.domain.decision import ShadowRef, TallyKey, apply_budget
 from kernel.domain.policy_event import ACTIVATIONS
-from kernel.errors import Conflict, NotFound, ValidationError
+from kernel.errors import Conflict, NotFound, invalid
 
 FAULT_RULES = frozenset({"eval-error", "bundle-error"})
 RATE_LIMITED = "rate_limited"
@@ -66,7 +66,7 @@ def store_shadow(k: Kernel, agent_id: str, kind: str, content: str, actor: Actor
     if same is not None and same.kind == kind and same.content == content:
         return _shadow(same)
     if kind == "yaml" and not content.strip():
-        raise ValidationError("validation error: a shadow bundle cannot be empty (DELETE the shadow to stop it)")
+        raise invalid("a shadow bundle cannot be empty (DELETE the shadow to stop it)")
     revision = k.policy.check(kind, content)
     now = k.clock.now()
     with k.store.transaction(lock=f"policy:{agent_id}") as tx:

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 from starlette.routing import Mount
 
-from kernel.errors import RegentError
+from kernel.errors import CODE_TO_STATUS, RegentError
 from kernel.gateway.kernel_client import Lease
 from kernel.manifest import Manifest
 from kernel.mcp.app import Gateways
@@ -52,20 +52,19 @@ class Answer:
         return self.body
 
 
-Submit = Callable[[str, str, str, str, bytes], Awaitable[Any]]
-Outcome = Callable[[str, str, str, str, str, bytes, bool], Awaitable[Any]]
+LeaseOf = Callable[[], tuple[str, int]]
+Submit = Callable[[str, str, LeaseOf, bytes], Awaitable[Any]]
+Outcome = Callable[[str, str, str, LeaseOf, bytes, bool], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)
 class Host:
     """What the in-kernel links call, handed in by the server's wiring (kernel/bootstrap.py) so
     this room imports nothing of the API: the agent routes' work after their signature check
-    (`kernel.api.routes.agent.submit`/`outcome`, bound to the kernel and the API's metrics), and
-    the HTTP status of an error code (the envelope the route would answer)."""
+    (`kernel.api.routes.agent.submit`/`outcome`, bound to the kernel and the API's metrics)."""
 
-    submit: Submit  # (agent, execution, dispatch id, attempt, body) -> the decision
-    outcome: Outcome  # (agent, execution, step, dispatch id, attempt, body, failed) -> the answer
-    status: Callable[[str], int]
+    submit: Submit  # (agent, execution, its lease, body) -> the decision
+    outcome: Outcome  # (agent, execution, step, its lease, body, failed) -> the answer
 
 
 class CoreLink(AgentLink):
@@ -79,8 +78,7 @@ class CoreLink(AgentLink):
 
     async def submit(self, lease: Lease, target: str, args: Any, idempotency: str, kind: str = "tool_call") -> Answer:
         raw = _body({"kind": kind, "target": target, "args": args, "idempotency": idempotency})
-        return await self._answer(lambda: self.host.submit(
-            self.agent_id, lease.execution_id, lease.dispatch_id, lease.dispatch_attempt, raw))
+        return await self._answer(lambda: self.host.submit(self.agent_id, lease.execution_id, _held(lease), raw))
 
     async def complete_step(self, lease: Lease, step_id: str, result: Any) -> Answer:
         return await self._outcome(lease, step_id, {"result": result}, failed=False)
@@ -90,19 +88,24 @@ class CoreLink(AgentLink):
 
     async def _outcome(self, lease: Lease, step_id: str, payload: Any, failed: bool) -> Answer:
         raw = _body(payload)
-        return await self._answer(lambda: self.host.outcome(
-            self.agent_id, lease.execution_id, step_id, lease.dispatch_id, lease.dispatch_attempt, raw, failed))
+        return await self._answer(lambda: self.host.outcome(self.agent_id, lease.execution_id, step_id, _held(lease),
+                                                            raw, failed))
 
     async def _answer(self, call: Callable[[], Awaitable[Any]]) -> Answer:
         """The answer, or the error envelope the route would have answered with."""
         try:
             answer = await call()
         except RegentError as e:
-            return Answer(self.host.status(e.code), {"code": e.code, "message": e.message})
+            return Answer(CODE_TO_STATUS.get(e.code, 500), {"code": e.code, "message": e.message})
         except Exception:
             log.exception("in-kernel MCP step call failed")
             return Answer(500, {"code": "internal_error", "message": "internal error"})
         return Answer(200, answer.to_json())
+
+
+def _held(lease: Lease) -> LeaseOf:
+    """The lease as the routes read it from the dispatch headers: the ids the kernel delivered."""
+    return lambda: (lease.dispatch_id, int(lease.dispatch_attempt))
 
 
 def _body(payload: Any) -> bytes:

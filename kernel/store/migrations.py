@@ -266,6 +266,24 @@ def _sweep_indexes(conn: Connection) -> None:
             conn.execute(text(f"CREATE INDEX {name} ON {table} ({columns})"))
 
 
+def _steps_by_key_only(conn: Connection) -> None:
+    # 014 (bench/journal/2026-12-05-postgres-peer.md): ix_steps_execution (execution_id) duplicated
+    # the first column of the steps' unique key, and PostgreSQL's generic plan of a submit's read
+    # chose it, then filtered the execution's every step for the one at the call's key: a submit
+    # read all the steps its execution had recorded. Every lookup by execution uses the unique
+    # index's first column; a step insert now writes two indexes instead of three.
+    conn.execute(text("DROP INDEX IF EXISTS ix_steps_execution"))
+
+
+def _inbox_index(conn: Connection) -> None:
+    # 015 (docs/architecture.md, "Query plans at scale"): the inbox page polls its stamp every few
+    # seconds, and the stamp's latest decision time (`max(decided_at)`) and the recently decided
+    # list read the whole approvals table: 10^4 rows on a store a year old, one more every
+    # approval answered. `ix_approvals_decided` answers both from its end.
+    if "ix_approvals_decided" not in {i["name"] for i in inspect(conn).get_indexes("approvals")}:
+        conn.execute(text("CREATE INDEX ix_approvals_decided ON approvals (decided_at, id)"))
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
@@ -280,6 +298,8 @@ MIGRATIONS: list[Migration] = [
     Migration(11, "an index of judge rules' decision records", _judged_decisions),
     Migration(12, "the bundle that asked for an approval: kind and revision", _approval_bundle),
     Migration(13, "indexes for the sweeps: retention, approval expiry, suspended parents", _sweep_indexes),
+    Migration(14, "steps: no index on execution_id alone (the unique key's leads with it)", _steps_by_key_only),
+    Migration(15, "an index of approvals by decision time (the inbox's poll)", _inbox_index),
 ]
 LATEST = MIGRATIONS[-1].version
 

@@ -200,8 +200,9 @@ class EventRow(SQLModel, table=True):
 class StepRow(SQLModel, table=True):
     __tablename__ = "steps"
     __table_args__ = (
+        # Also the index of an execution's steps (its first column): a second index on execution_id
+        # alone was dropped in migration 014 (PostgreSQL's generic plan of a submit's read took it).
         UniqueConstraint("execution_id", "kind", "target", "args_hash", "occurrence"),
-        Index("ix_steps_execution", "execution_id"),
     )
 
     step_id: str = Field(sa_column=Column(String(64), primary_key=True))
@@ -233,6 +234,7 @@ class ApprovalRow(SQLModel, table=True):
         # The expiry sweep (pending, past timeout_at) and retention's delete by execution (012).
         Index("ix_approvals_due", "status", "timeout_at"),
         Index("ix_approvals_execution", "execution_id"),
+        Index("ix_approvals_decided", "decided_at", "id"),  # migration 014: the inbox's poll
     )
 
     id: str = Field(sa_column=Column(String(36), primary_key=True))

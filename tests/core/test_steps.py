@@ -261,6 +261,37 @@ def test_expired_approval_denies_with_approval_timeout(kernel: Kernel, running: 
     assert again.to_json()["rule_id"] == "ask"  # every denied answer names a rule: the one that asked
 
 
+def test_expired_approvals_resume_their_executions_many_to_a_transaction(
+        kernel: Kernel, running: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The expiry sweep resumed one parked execution per transaction, a durable commit each (about
+    80 a second with 10^5 released at once, bench/parked.py): now `EXPIRE_PER_TX` share one. Fails
+    before that change: 45 approvals took 45 commits."""
+    kernel.policy = FixedPolicy(Decision(Verdict.REQUIRE_APPROVAL, "ask", approval=ApprovalConfig(timeout_seconds=60)))
+    parked = {}
+    for _ in range(45):
+        eid, did, att = running.start()
+        parked[eid] = steps.submit_step(kernel, "shell", eid, did, att, req()).step_id
+    kernel.clock.advance(61)  # type: ignore[attr-defined]
+    transactions = []
+    begin = kernel.store.transaction
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        transactions.append(kwargs.get("lock"))
+        return begin(*args, **kwargs)
+
+    monkeypatch.setattr(kernel.store, "transaction", counted)
+    assert approvals.expire_approvals(kernel, limit=100) == 45
+    assert len(transactions) == -(-45 // approvals.EXPIRE_PER_TX) < 45, transactions
+    monkeypatch.undo()
+    # Every one resumed: running, with a new dispatch its agent is delivered, its step denied.
+    claims = {c.execution_id: c for c in claim_due(kernel, 100)}
+    assert set(parked) <= set(claims)
+    for eid, sid in parked.items():
+        assert executions.get_execution(kernel, eid).status.value == "running"
+        again = steps.submit_step(kernel, "shell", eid, claims[eid].dispatch_id, claims[eid].attempt, req())
+        assert (again.decision, again.reason, again.step_id) == ("denied", "approval_timeout", sid)
+
+
 def test_event_seqs_are_gapless_and_start_at_one(kernel: Kernel, running: Running) -> None:
     eid, did, att = running.start()
     for _ in range(3):

@@ -18,7 +18,7 @@ from kernel.core.ports import NoJudge
 from kernel.domain import JudgeAnswer, JudgeSpec, PolicyInput
 from kernel.errors import ConfigError
 from kernel.judge import HttpJudge
-from kernel.judge.client import CRITERIA, QUESTION
+from kernel.judge.http_judge import CRITERIA, QUESTION
 from kernel.manifest import load_manifest
 from tests.judge.conftest import PROVIDER, JudgeServer
 

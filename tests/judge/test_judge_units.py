@@ -10,7 +10,7 @@ import pytest
 
 from kernel.domain import Decision, JudgeAnswer, JudgeSpec, PolicyInput, Verdict, resolve_judge
 from kernel.errors import ConfigError, ValidationError
-from kernel.judge.client import Breaker
+from kernel.judge.http_judge import Breaker
 from kernel.judge.provider import parse_provider
 from kernel.judge.template import Template, TemplateError
 from kernel.policy.cases import parse_cases, run_cases

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,7 +25,7 @@ from kernel.api.deps import (
     call,
     call_hot,
     kernel_of,
-    lease,
+    signed_on,
     step_param,
     uuid_param,
 )
@@ -33,7 +34,7 @@ from kernel.api.render import JSONResponse, execution_json, step_json
 from kernel.core import executions, resources, sessions, steps
 from kernel.core.kernel import Kernel
 from kernel.domain import StepKind
-from kernel.errors import Forbidden, ValidationError
+from kernel.errors import Forbidden, invalid
 from kernel.identity import canonical_hash, canonical_json
 from kernel.text import check_text, scrub_text
 
@@ -144,21 +145,20 @@ class MetadataBody(Strict):
 @_hot("/v0/executions/{execution_id}/steps",
              openapi_extra=schema.operation(SubmitBody, answer=schema.DECISION, overrides=_SUBMIT_ENUMS))
 async def submit_step(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request, "repeatable", with_call=True)
-    answer = await submit(kernel_of(request), request.app.state.metrics, a.agent_id, execution_id,
-                          a.dispatch_id, a.dispatch_attempt, a.body)
+    a, eid = await signed_on(request, execution_id, "repeatable", with_call=True)
+    answer = await submit(kernel_of(request), request.app.state.metrics, a.agent_id, eid, a.lease, a.body)
     return JSONResponse(answer.to_json())
 
 
-async def submit(k: Kernel, metrics: ApiMetrics, agent_id: str, execution_id: str, dispatch_id: str | None,
-                 dispatch_attempt: str | None, raw: bytes) -> steps.StepAnswer:
+async def submit(k: Kernel, metrics: ApiMetrics, agent_id: str, eid: str, lease: Callable[[], tuple[str, int]],
+                 raw: bytes) -> steps.StepAnswer:
     """A step's submission once its caller is known to be `agent_id`: the route's work after the
-    signature, and the in-kernel MCP gateway's submission (kernel/mcp/inkernel.py), one code path."""
-    eid = uuid_param(execution_id, "execution id")
+    signature (the body, then the lease, `signed_on`), and the in-kernel MCP gateway's submission
+    (kernel/mcp/inkernel.py): one code path."""
     body = parse_model(SubmitBody, raw, lexical=True)
     if body.kind not in _KINDS:
-        raise ValidationError(f"validation error: unknown kind {body.kind!r} (tool_call, llm_call or local)")
-    did, attempt = lease(dispatch_id, dispatch_attempt)
+        raise invalid(f"unknown kind {body.kind!r} (tool_call, llm_call or local)")
+    did, attempt = lease()
     text = canonical_json(dumps_lexical(body.args)) if body.args is not None else "null"
     req = steps.StepRequest(
         kind=body.kind,
@@ -181,24 +181,22 @@ async def submit(k: Kernel, metrics: ApiMetrics, agent_id: str, execution_id: st
 
 
 async def _outcome(request: Request, execution_id: str, step_id: str, failed: bool) -> Response:
-    a = await auth_of(request).agent(request, "once", with_call=True)
-    answer = await outcome(kernel_of(request), request.app.state.metrics, a.agent_id, execution_id, step_id,
-                           a.dispatch_id, a.dispatch_attempt, a.body, failed)
+    a, eid = await signed_on(request, execution_id, "once", with_call=True)
+    answer = await outcome(kernel_of(request), request.app.state.metrics, a.agent_id, eid, step_id, a.lease, a.body,
+                           failed)
     return JSONResponse(answer.to_json())
 
 
-async def outcome(k: Kernel, metrics: ApiMetrics, agent_id: str, execution_id: str, step_id: str,
-                  dispatch_id: str | None, dispatch_attempt: str | None, raw: bytes,
-                  failed: bool) -> steps.StepAnswer:
+async def outcome(k: Kernel, metrics: ApiMetrics, agent_id: str, eid: str, step_id: str,
+                  lease: Callable[[], tuple[str, int]], raw: bytes, failed: bool) -> steps.StepAnswer:
     """A step's result or error once its caller is known to be `agent_id` (as `submit`)."""
-    eid = uuid_param(execution_id, "execution id")
     if failed:
         fb = parse_model(FailStepBody, raw)
         kwargs: dict[str, Any] = {"error": fb.error, "failed": True, **fb.parsed()}
     else:
         cb = parse_model(CompleteStepBody, raw)
         kwargs = {"result": cb.result, **cb.parsed()}
-    did, attempt = lease(dispatch_id, dispatch_attempt)
+    did, attempt = lease()
     answer = await call_hot(steps.record_outcome, k, agent_id, eid, step_param(step_id), did, attempt, **kwargs)
     metrics.outcome(failed, answer.decision)
     return answer
@@ -218,9 +216,8 @@ async def fail_step(execution_id: str, step_id: str, request: Request) -> Respon
 
 @_hot("/v0/executions/{execution_id}/heartbeat", openapi_extra=schema.operation(ok=204))
 async def heartbeat(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request, "once", with_call=True)
-    eid = uuid_param(execution_id, "execution id")
-    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    a, eid = await signed_on(request, execution_id, "once", with_call=True)
+    did, attempt = a.lease()
     await call(executions.heartbeat, kernel_of(request), a.agent_id, eid, did, attempt)
     return Response(status_code=204)
 
@@ -228,10 +225,9 @@ async def heartbeat(execution_id: str, request: Request) -> Response:
 @router.post("/v0/executions/{execution_id}/complete",
              openapi_extra=schema.operation(CompleteExecutionBody, body_required=False, ok=204))
 async def complete_execution(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request, "once")
-    eid = uuid_param(execution_id, "execution id")
+    a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(CompleteExecutionBody, a.body, allow_empty=True)
-    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    did, attempt = a.lease()
     await call(executions.finish_execution, kernel_of(request), a.agent_id, eid, did, attempt, output=body.output,
                state=body.state)
     return Response(status_code=204)
@@ -239,9 +235,8 @@ async def complete_execution(execution_id: str, request: Request) -> Response:
 
 @router.post("/v0/executions/{execution_id}/suspend", openapi_extra=schema.operation(answer=schema.SUSPENDED))
 async def suspend(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request, "repeatable")
-    eid = uuid_param(execution_id, "execution id")
-    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    a, eid = await signed_on(request, execution_id, "repeatable")
+    did, attempt = a.lease()
     suspended = await call(sessions.suspend, kernel_of(request), a.agent_id, eid, did, attempt)
     return JSONResponse({"suspended": suspended})
 
@@ -249,10 +244,9 @@ async def suspend(execution_id: str, request: Request) -> Response:
 @router.post("/v0/executions/{execution_id}/fail",
              openapi_extra=schema.operation(FailExecutionBody, body_required=False, ok=204))
 async def fail_execution(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request, "once")
-    eid = uuid_param(execution_id, "execution id")
+    a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(FailExecutionBody, a.body, allow_empty=True)
-    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    did, attempt = a.lease()
     await call(executions.finish_execution, kernel_of(request), a.agent_id, eid, did, attempt,
                error=scrub_text(body.error), failed=True)
     return Response(status_code=204)
@@ -278,14 +272,13 @@ async def put_metadata(agent_id: str, request: Request) -> Response:
 @router.post("/v0/executions/{execution_id}/resources",
              openapi_extra=schema.operation(ResourceBody, answer=schema.RESOURCE))
 async def register_resource(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request, "repeatable")
-    eid = uuid_param(execution_id, "execution id")
+    a, eid = await signed_on(request, execution_id, "repeatable")
     body = parse_model(ResourceBody, a.body)
     if not 0 < len(body.key) <= 200:
-        raise ValidationError("validation error: key must be 1-200 characters")
+        raise invalid("key must be 1-200 characters")
     if not 0 <= body.every_steps <= MAX_EVERY_STEPS:
-        raise ValidationError(f"validation error: every_steps must be 0-{MAX_EVERY_STEPS}")
-    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+        raise invalid(f"every_steps must be 0-{MAX_EVERY_STEPS}")
+    did, attempt = a.lease()
     reg = resources.Registration(body.key, body.driver_id, body.configuration, body.coverage_reuse,
                                  body.every_steps, body.on_completion)
     return JSONResponse(await call(resources.register, kernel_of(request), a.agent_id, eid, did, attempt, reg))
@@ -294,10 +287,9 @@ async def register_resource(execution_id: str, request: Request) -> Response:
 @router.post("/v0/executions/{execution_id}/resources/checkpoints",
              openapi_extra=schema.operation(CapturesBody, ok=204))
 async def publish_checkpoints(execution_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request, "once")
-    eid = uuid_param(execution_id, "execution id")
+    a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(CapturesBody, a.body, allow_empty=True).parsed()
-    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    did, attempt = a.lease()
     await call(resources.publish, kernel_of(request), a.agent_id, eid, did, attempt, body["captures"],
                body["capture_failures"])
     return Response(status_code=204)
@@ -306,10 +298,9 @@ async def publish_checkpoints(execution_id: str, request: Request) -> Response:
 @router.post("/v0/executions/{execution_id}/resources/{key}/binding",
              openapi_extra=schema.operation(BindingBody, ok=204))
 async def bind_resource(execution_id: str, key: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request, "once")
-    eid = uuid_param(execution_id, "execution id")
+    a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(BindingBody, a.body)
-    did, attempt = lease(a.dispatch_id, a.dispatch_attempt)
+    did, attempt = a.lease()
     await call(resources.bind, kernel_of(request), a.agent_id, eid, did, attempt, check_text(key, "resource key"),
                body.binding)
     return Response(status_code=204)

@@ -18,7 +18,7 @@ from kernel.api.routes.client import _body, _int_param
 from kernel.clock import parse_time
 from kernel.config import seconds
 from kernel.core import api_keys, audit
-from kernel.errors import ValidationError
+from kernel.errors import invalid
 
 router = APIRouter()
 
@@ -42,11 +42,11 @@ async def list_decisions(request: Request) -> Response:
         value = q.get(name)
         if value is not None and value != "":
             if len(value) > 4096:
-                raise ValidationError(f"validation error: {name} is too long")
+                raise invalid(f"{name} is too long")
             filters[name] = value
     judged = q.get("judged")
     if judged not in (None, "", "true", "false"):
-        raise ValidationError("validation error: judged must be true or false")
+        raise invalid("judged must be true or false")
     query = audit.DecisionQuery(
         **filters,
         judged=None if not judged else judged == "true",
@@ -79,13 +79,13 @@ async def create_api_key(request: Request) -> Response:
     expires = _time_param(body.expires_at, "expires_at")
     if body.expires_in is not None:
         if expires is not None:
-            raise ValidationError("validation error: give expires_at or expires_in, not both")
+            raise invalid("give expires_at or expires_in, not both")
         try:
             expires = k.clock.now() + timedelta(seconds=seconds(body.expires_in))
         except ValueError as exc:
-            raise ValidationError(f"validation error: expires_in: {exc}") from None
+            raise invalid(f"expires_in: {exc}") from None
         except OverflowError:  # past year 9999 (or infinite)
-            raise ValidationError("validation error: expires_in is too far in the future") from None
+            raise invalid("expires_in is too far in the future") from None
     key, token = await call(api_keys.create_key, k, body.name, body.scopes, expires_at=expires,
                             created_by=principal)
     return JSONResponse({**key.json(), "token": token}, status_code=201)

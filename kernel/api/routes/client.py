@@ -15,7 +15,7 @@ from kernel.api.render import JSONResponse, approval_json, event_json, execution
 from kernel.core import approvals, executions, forks
 from kernel.core.lifecycle import Canceller, check_rationale
 from kernel.domain import ApprovalStatus, ExecutionStatus
-from kernel.errors import ValidationError
+from kernel.errors import invalid
 from kernel.ids import INT64_MAX, whole_number
 from kernel.text import check_text
 
@@ -53,10 +53,10 @@ def lineage_of(body: CreateExecutionBody) -> executions.Lineage:
     if body.spawned_by is not None:
         by = uuid_param(body.spawned_by.execution_id, "spawned_by.execution_id")
         if parent is not None and parent != by:
-            raise ValidationError("validation error: parent_execution_id and spawned_by.execution_id differ")
+            raise invalid("parent_execution_id and spawned_by.execution_id differ")
         parent, step = by, body.spawned_by.step_id.lower()
         if not (0 < len(step) <= 64 and all(ch in "0123456789abcdef" for ch in step)):
-            raise ValidationError("validation error: spawned_by.step_id must be a step id (hex)")
+            raise invalid("spawned_by.step_id must be a step id (hex)")
     return executions.Lineage(session=session, parent_execution_id=parent, spawned_step_id=step)
 
 
@@ -64,7 +64,7 @@ def check_session(session: str | None) -> str | None:
     if session is None or session == "":
         return None
     if len(session) > 200 or not session.isprintable():
-        raise ValidationError("validation error: session must be 1-200 printable characters")
+        raise invalid("session must be 1-200 printable characters")
     return session
 
 
@@ -79,7 +79,7 @@ async def _body(request: Request) -> bytes:
     try:
         return await read_body(request, auth_of(request).max_body_bytes)
     except BodyTooLarge:
-        raise ValidationError("validation error: request body over the size limit") from None
+        raise invalid("request body over the size limit") from None
 
 
 def _int_param(value: str | None, default: int, name: str, *, lo: int = 0, hi: int | None = None) -> int:
@@ -88,9 +88,9 @@ def _int_param(value: str | None, default: int, name: str, *, lo: int = 0, hi: i
     try:
         n = int(value)
     except ValueError:
-        raise ValidationError(f"validation error: {name} must be an integer") from None
+        raise invalid(f"{name} must be an integer") from None
     if n < lo:
-        raise ValidationError(f"validation error: {name} must be >= {lo}")
+        raise invalid(f"{name} must be >= {lo}")
     return min(n, hi) if hi is not None else n
 
 
@@ -101,7 +101,7 @@ async def create_execution(request: Request) -> Response:
     principal = await call(auth.principal, request, "executions:write")
     body = parse_model(CreateExecutionBody, await _body(request))
     if body.idempotency_key is not None and not 0 < len(body.idempotency_key) <= 200:
-        raise ValidationError("validation error: idempotency_key must be 1-200 characters")
+        raise invalid("idempotency_key must be 1-200 characters")
     e, created = await call(executions.create_execution, kernel_of(request), body.agent_id, body.input,
                             body.idempotency_key, lineage_of(body), principal.creator)
     return JSONResponse(execution_json(e, []), status_code=201 if created else 200)
@@ -141,7 +141,7 @@ async def list_events(execution_id: str, request: Request) -> Response:
     # past the int64 event seqs is a 400 (no store compares such a value).
     text = (q.get("after_seq") or "0").strip()
     if text.isascii() and text.isdigit() and whole_number(text) is None:
-        raise ValidationError(f"validation error: after_seq must be at most {INT64_MAX}")
+        raise invalid(f"after_seq must be at most {INT64_MAX}")
     try:
         after = max(int(text), 0)
     except ValueError:
@@ -194,7 +194,7 @@ def _fork_bundle(value: str | dict[str, Any] | None) -> forks.ForkBundle | None:
         return forks.ForkBundle("rego", check_text(rego_content(bundle), "policy_bundle"))
     if kind == "yaml" and isinstance(bundle, str):
         return forks.ForkBundle("yaml", check_text(bundle, "policy_bundle"))
-    raise ValidationError('validation error: policy_bundle is YAML text or {"kind", "bundle"}')
+    raise invalid('policy_bundle is YAML text or {"kind", "bundle"}')
 
 
 @router.post("/v0/executions/{execution_id}/fork", status_code=201,

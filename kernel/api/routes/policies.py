@@ -19,7 +19,7 @@ from kernel.core import policies, policy_test
 from kernel.core.approvals import Principal
 from kernel.core.policies import Actor, PolicyRevision
 from kernel.core.policy_test import Candidate
-from kernel.errors import Forbidden, ValidationError
+from kernel.errors import Forbidden, invalid
 from kernel.policy.backtest import result_json
 from kernel.text import check_text
 
@@ -77,10 +77,10 @@ async def bundle_of(request: Request) -> tuple[str, str]:
     body = parse_model(StoreBody, raw, allow_empty=True)
     if isinstance(body.bundle, dict):
         if body.kind != "rego":
-            raise ValidationError('validation error: an object bundle needs "kind": "rego"')
+            raise invalid('an object bundle needs "kind": "rego"')
         return body.kind, check_text(_rego_content(body.bundle), "bundle")
     if body.kind == "rego":
-        raise ValidationError("validation error: a Rego bundle is an object {modules, data, manifest} or a .tar.gz upload")
+        raise invalid("a Rego bundle is an object {modules, data, manifest} or a .tar.gz upload")
     check_text(body.bundle, "bundle")
     return body.kind, body.bundle
 
@@ -157,10 +157,10 @@ def _candidate(body: TestBody) -> Candidate | None:
         return None
     if isinstance(body.bundle, dict):
         if body.kind != "rego":
-            raise ValidationError('validation error: an object bundle needs "kind": "rego"')
+            raise invalid('an object bundle needs "kind": "rego"')
         return Candidate("rego", _rego_content(body.bundle))
     if body.kind == "rego":
-        raise ValidationError("validation error: a Rego bundle is an object {modules, data, manifest}")
+        raise invalid("a Rego bundle is an object {modules, data, manifest}")
     return Candidate(body.kind, body.bundle)
 
 
@@ -178,7 +178,7 @@ async def test_policy(agent_id: str, request: Request) -> Response:
     if body.executions is not None and body.execution_id is None:
         scope = body.executions
         if not 1 <= scope.limit <= policy_test.BACKTEST_MAX:
-            raise ValidationError(f"validation error: executions.limit must be 1-{policy_test.BACKTEST_MAX}")
+            raise invalid(f"executions.limit must be 1-{policy_test.BACKTEST_MAX}")
         since = _since(scope.since)
         rep, n = await call(policy_test.backtest, k, agent_id, candidate, session=check_session(scope.session),
                             since=since, limit=scope.limit)

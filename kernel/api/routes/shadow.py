@@ -17,7 +17,7 @@ from kernel.api.routes.policies import actor_of, bundle_of
 from kernel.clock import rfc3339
 from kernel.core import shadow
 from kernel.core.shadow import Shadow
-from kernel.errors import ValidationError
+from kernel.errors import invalid
 from kernel.ids import whole_number
 
 router = APIRouter()
@@ -85,7 +85,7 @@ def _int_param(request: Request, name: str, default: int | None, low: int, high:
         return default
     n = whole_number(text, high)
     if n is None or n < low:
-        raise ValidationError(f"validation error: {name} must be a whole number from {low} to {high}")
+        raise invalid(f"{name} must be a whole number from {low} to {high}")
     return n
 
 

@@ -11,10 +11,10 @@ from starlette.responses import Response
 
 from kernel.api import schema
 from kernel.api.body import Strict, parse_model, whole
-from kernel.api.deps import auth_of, call, kernel_of, long_lived, step_param, uuid_param
+from kernel.api.deps import auth_of, call, kernel_of, long_lived, signed_on, step_param, uuid_param
 from kernel.core import executions, steps
 from kernel.domain import StepStatus
-from kernel.errors import Conflict, ValidationError
+from kernel.errors import Conflict, ValidationError, invalid
 from kernel.stream import InProcessBroker, StreamBroker
 
 router = APIRouter()
@@ -38,11 +38,10 @@ def broker_of(request: Request) -> StreamBroker:
 
 @router.post("/v0/executions/{execution_id}/steps/{step_id}/stream", openapi_extra=schema.operation(DeltaBody, ok=204))
 async def publish_delta(execution_id: str, step_id: str, request: Request) -> Response:
-    a = await auth_of(request).agent(request, "once")
-    eid = uuid_param(execution_id, "execution id")
+    a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(DeltaBody, a.body)
     if not 0 <= body.seq <= MAX_SEQ:
-        raise ValidationError(f"validation error: seq must be a whole number 0-{MAX_SEQ}")
+        raise invalid(f"seq must be a whole number 0-{MAX_SEQ}")
     # surrogatepass: a lone surrogate in `data` is relayed as its JSON escape (docs/stream.md).
     if len(body.data.encode("utf-8", "surrogatepass")) > MAX_DATA_BYTES:
         raise ValidationError(f"data is over {MAX_DATA_BYTES} bytes")

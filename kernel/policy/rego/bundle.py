@@ -7,15 +7,11 @@ path, as in OPA. Loading checks structure only; `gate.compile_rego_bundle` is th
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
 import json
 import os
 import posixpath
 import re
-import tarfile
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -26,8 +22,17 @@ import yaml
 
 from kernel import yamldoc
 from kernel.domain.decision import Verdict
-from kernel.errors import ValidationError
 
+from .bundle_files import (
+    MAX_BUNDLE_BYTES,
+    MAX_BUNDLE_FILES,
+    MAX_TAR_BYTES,
+    bundle_error,
+    read_directory,
+    read_tarball,
+    safe_path,
+    wanted,
+)
 from .idioms import IdiomRewrite, rewrite_idioms
 from .instrument import Instrumented, instrument
 from .scan import ModuleScan, scan_module
@@ -42,21 +47,9 @@ __all__ = [
     "parse_rego_tarball",
 ]
 
-MAX_BUNDLE_BYTES = 4 * 1024 * 1024  # every file of the bundle, uncompressed
-MAX_BUNDLE_FILES = 1000
-# A tarball may not expand past this (headers and padding on top of the files themselves).
-_MAX_TAR_BYTES = 2 * MAX_BUNDLE_BYTES + 1024 * MAX_BUNDLE_FILES
-_DATA_FILES = ("data.json", "data.yaml", "data.yml")
 _MANIFEST_KEYS = {"revision", "roots", "metadata", "rego_version", "wasm"}
 _REGENT_KEYS = {"entrypoint", "default_action"}
 _SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def bundle_error(problems: list[str] | str) -> ValidationError:
-    lines = [problems] if isinstance(problems, str) else problems
-    return ValidationError(
-        "invalid policy bundle: " + "\n".join(lines), details={"problems": lines}
-    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,6 +134,10 @@ class RegoBundle:
         ).encode("utf-8")
 
 
+def _from_directory(root: Path) -> RegoBundle:
+    return _from_files(read_directory(root), origin=str(root), from_directory=True)
+
+
 def load_rego_bundle(path: str | os.PathLike[str]) -> RegoBundle:
     """Read a bundle directory or tarball from disk; raises ValidationError."""
     p = Path(path)
@@ -148,8 +145,8 @@ def load_rego_bundle(path: str | os.PathLike[str]) -> RegoBundle:
         return _from_directory(p)
     if not p.is_file():
         raise bundle_error(f"{p}: no such bundle directory or tarball")
-    if p.stat().st_size > _MAX_TAR_BYTES:
-        raise bundle_error(f"{p}: tarball is larger than {_MAX_TAR_BYTES} bytes")
+    if p.stat().st_size > MAX_TAR_BYTES:
+        raise bundle_error(f"{p}: tarball is larger than {MAX_TAR_BYTES} bytes")
     return parse_rego_tarball(p.read_bytes(), origin=str(p))
 
 
@@ -174,7 +171,7 @@ def parse_rego_bundle(mapping: Mapping[str, Any]) -> RegoBundle:
         manifest = {}
     modules: dict[str, str] = {}
     for raw_path, source in modules_in.items():
-        path = _safe_path(raw_path, problems)
+        path = safe_path(raw_path, problems)
         if path is None:
             continue
         if not path.endswith(".rego"):
@@ -189,96 +186,8 @@ def parse_rego_bundle(mapping: Mapping[str, Any]) -> RegoBundle:
 
 def parse_rego_tarball(raw: bytes, *, origin: str = "") -> RegoBundle:
     """A `.tar.gz` (or plain `.tar`) bundle, read in memory; nothing is written to disk."""
-    name = origin or "tarball"
-    try:
-        if raw[:2] == b"\x1f\x8b":
-            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
-                raw = gz.read(_MAX_TAR_BYTES + 1)
-    except (OSError, EOFError, zlib.error) as exc:  # zlib.error: a gzip header over corrupt data
-        raise bundle_error(f"{name}: not a gzip file ({exc})") from None
-    if len(raw) > _MAX_TAR_BYTES:
-        raise bundle_error(f"{name}: bundle expands past {_MAX_TAR_BYTES} bytes")
-    files: dict[str, bytes] = {}
-    problems: list[str] = []
-    total = 0
-    try:
-        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
-            for count, member in enumerate(tar, start=1):
-                if count > MAX_BUNDLE_FILES:
-                    raise bundle_error(f"{name}: more than {MAX_BUNDLE_FILES} entries")
-                path = _safe_path(member.name, problems, allow_dot=True)
-                if path is None:
-                    continue
-                if member.isdir():
-                    continue
-                if not member.isfile():
-                    problems.append(f"{path}: links and special files are not allowed in a bundle")
-                    continue
-                total += member.size
-                if total > MAX_BUNDLE_BYTES:
-                    raise bundle_error(f"{name}: bundle is larger than {MAX_BUNDLE_BYTES} bytes")
-                if path in files:
-                    problems.append(f"{path}: appears twice in the tarball")
-                    continue
-                extracted = tar.extractfile(member)
-                files[path] = extracted.read() if extracted else b""
-    except tarfile.TarError as exc:
-        raise bundle_error(f"{name}: not a readable tarball ({exc})") from None
-    if problems:
-        raise bundle_error(problems)
-    return _from_files(_strip_top_directory(files), origin=origin, from_directory=False)
-
-
-def _from_directory(root: Path) -> RegoBundle:
-    files: dict[str, bytes] = {}
-    problems: list[str] = []
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames.sort()
-        for d in list(dirnames):
-            if (Path(dirpath) / d).is_symlink():
-                problems.append(
-                    f"{(Path(dirpath) / d).relative_to(root)}: symlinks are not allowed"
-                )
-                dirnames.remove(d)
-        for fname in sorted(filenames):
-            full = Path(dirpath) / fname
-            rel = full.relative_to(root).as_posix()
-            if full.is_symlink():
-                problems.append(f"{rel}: symlinks are not allowed")
-                continue
-            if not full.is_file():
-                continue
-            if len(files) >= MAX_BUNDLE_FILES:
-                raise bundle_error(f"{root}: more than {MAX_BUNDLE_FILES} files")
-            total += full.stat().st_size
-            if total > MAX_BUNDLE_BYTES:
-                raise bundle_error(f"{root}: bundle is larger than {MAX_BUNDLE_BYTES} bytes")
-            if _wanted(rel):
-                files[rel] = full.read_bytes()
-    if problems:
-        raise bundle_error(problems)
-    return _from_files(files, origin=str(root), from_directory=True)
-
-
-def _wanted(path: str) -> bool:
-    base = posixpath.basename(path)
-    return (
-        path == ".manifest"
-        or (base.endswith(".rego") and not base.endswith("_test.rego"))
-        or base in _DATA_FILES
-    )
-
-
-def _strip_top_directory(files: dict[str, bytes]) -> dict[str, bytes]:
-    """`tar czf shell.tar.gz shell/` puts everything under `shell/`: that directory is the bundle."""
-    if ".manifest" in files or not files:
-        return files
-    tops = {p.split("/", 1)[0] for p in files}
-    if len(tops) == 1 and all("/" in p for p in files):
-        top = tops.pop() + "/"
-        return {p[len(top) :]: v for p, v in files.items()}
-    return files
+    files = read_tarball(raw, origin or "tarball")
+    return _from_files(files, origin=origin, from_directory=False)
 
 
 def _from_files(files: dict[str, bytes], *, origin: str, from_directory: bool) -> RegoBundle:
@@ -289,7 +198,7 @@ def _from_files(files: dict[str, bytes], *, origin: str, from_directory: bool) -
     size = sum(len(v) for v in files.values())
     for path in sorted(files):
         raw = files[path]
-        if not _wanted(path):
+        if not wanted(path):
             continue
         try:
             text = raw.decode("utf-8")
@@ -474,22 +383,6 @@ def _manifest_fields(
             f'.manifest: entrypoint {entrypoint!r} must be a rule path such as "shell/decision"'
         )
     return roots, entrypoint, Verdict(action), revision
-
-
-def _safe_path(raw: object, problems: list[str], *, allow_dot: bool = False) -> str | None:
-    if not isinstance(raw, str) or not raw or "\x00" in raw or "\\" in raw:
-        problems.append(f"{raw!r}: not a usable bundle path")
-        return None
-    if raw.startswith("/") or re.match(r"^[A-Za-z]:", raw):
-        problems.append(f"{raw}: absolute paths are not allowed in a bundle")
-        return None
-    parts = [p for p in raw.split("/") if p not in ("", ".")] if allow_dot else raw.split("/")
-    if any(p == ".." for p in parts) or any(p in ("", ".") for p in parts):
-        problems.append(f"{raw}: path escapes the bundle or is not normalised")
-        return None
-    if not parts:  # "./" itself
-        return None
-    return "/".join(parts)
 
 
 def _derived(digest: str, what: str) -> str:

@@ -11,6 +11,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,19 @@ class CompileReport:
     errors: tuple[CompileError, ...] = ()
     crash: str = ""  # set when the worker died or hung compiling it
     builtins: dict[str, bool] = field(default_factory=dict)  # called name → rego-cpp has it
+
+
+@dataclass(slots=True)
+class _Call:
+    """What `RegoEngine._call` came to: no worker, a bundle that did not compile (``report``), a
+    fault in ``phase`` ("compiling" or "evaluating"), or the worker's reply."""
+
+    worker: WorkerHandle | None
+    phase: str = "compiling"
+    report: CompileReport | None = None
+    fault: WorkerFault | None = None
+    op: int = 0
+    reply: bytes = b""
 
 
 class RegoEngine:
@@ -155,31 +169,17 @@ class RegoEngine:
             raise ProbeError(out_of_range_reason(bad))
         body = json.dumps({"input": document, "entrypoints": entrypoints}, ensure_ascii=False,
                           separators=(",", ":"), allow_nan=False).encode("utf-8")
-        w = self._pool.acquire(self.acquire_timeout)
-        if w is None:
+        call = self._call(bundle, P.OP_PROBE, body, max(self.timeout, 0.05) * (1 + len(entrypoints) / 8))
+        if call.worker is None:
             raise ProbeError("no rego worker became available")
-        phase = "compiling"
-        try:
-            for _attempt in range(2):
-                if bundle.digest not in w.loaded:
-                    phase = "compiling"
-                    report = self._load_on(w, bundle)
-                    if not report.ok:
-                        self._pool.release(w)
-                        raise ProbeError("; ".join(str(e) for e in report.errors[:3]) or "rego-cpp could not build it")
-                phase = "evaluating"
-                op, reply = w.call(P.OP_PROBE, bundle.digest.encode("ascii") + body,
-                                   max(self.timeout, 0.05) * (1 + len(entrypoints) / 8))
-                if op != P.OP_MISSING:
-                    break
-                w.loaded.pop(bundle.digest, None)
-        except WorkerFault as fault:
-            raise ProbeError(self._fault(w, fault, bundle, phase)) from None
-        self._pool.release(w)
-        if op != P.OP_OK:
-            raise ProbeError(_error_of(reply))
+        if call.report is not None:
+            raise ProbeError("; ".join(str(e) for e in call.report.errors[:3]) or "rego-cpp could not build it")
+        if call.fault is not None:
+            raise ProbeError(self._fault(call.worker, call.fault, bundle, call.phase)) from None
+        if call.op != P.OP_OK:
+            raise ProbeError(_error_of(call.reply))
         results: list[dict[str, Any]] = []
-        for r in json.loads(reply)["results"]:
+        for r in json.loads(call.reply)["results"]:
             if "value" in r:
                 try:
                     results.append({"value": json.loads(r["value"])["expressions"][0]})
@@ -254,51 +254,35 @@ class RegoEngine:
         if (b"e-3" in body or b"e+308" in body) and (bad := unrepresentable_number(document)) is not None:
             # the answer a YAML bundle gives the same input (kernel/policy/numbers.py)
             return self._eval_error(bundle, out_of_range_reason(bad))
-        key = bundle.digest.encode("ascii")
-        w = self._pool.acquire(self.acquire_timeout)
+        then = None
+        if prints is not None:
+            def then(w: WorkerHandle) -> None:
+                _, printed = w.call(P.OP_LAST_PRINTS, b"", self.timeout)
+                prints.append(printed.decode("utf-8", "replace"))
+        call = self._call(bundle, P.OP_EVAL if prints is None else P.OP_EVAL_PRINTS, body, self.timeout, then)
+        w = call.worker
         if w is None:
             if self._pool.closed:
                 return self._eval_error(bundle, "rego engine is closed", logged=True)
-            return self._eval_error(
-                bundle, f"no rego worker became available within {self.acquire_timeout:g}s"
-            )
-        phase = "compiling"
-        try:
-            for _attempt in range(2):
-                if bundle.digest not in w.loaded:
-                    phase = "compiling"
-                    report = self._load_on(w, bundle)
-                    if not report.ok:
-                        self._pool.release(w)
-                        reason = "; ".join(str(e) for e in report.errors[:3])
-                        return self._remember_broken(
-                            bundle, reason or "rego-cpp could not build it"
-                        )
-                phase = "evaluating"
-                op, reply = w.call(P.OP_EVAL if prints is None else P.OP_EVAL_PRINTS, key + body, self.timeout)
-                if op != P.OP_MISSING:
-                    break
-                w.loaded.pop(bundle.digest, None)  # the worker evicted it: load and try again
-            if prints is not None:
-                _, printed = w.call(P.OP_LAST_PRINTS, b"", self.timeout)
-                prints.append(printed.decode("utf-8", "replace"))
-        except WorkerFault as fault:
-            reason = self._fault(w, fault, bundle, phase)
-            if phase == "compiling":
+            return self._eval_error(bundle, f"no rego worker became available within {self.acquire_timeout:g}s")
+        if call.report is not None:
+            reason = "; ".join(str(e) for e in call.report.errors[:3])
+            return self._remember_broken(bundle, reason or "rego-cpp could not build it")
+        if call.fault is not None:
+            reason = self._fault(w, call.fault, bundle, call.phase)
+            if call.phase == "compiling":
                 reason = f"the rego worker {reason} while compiling it"
                 # Once may be the machine (the OOM killer, say); twice is the bundle.
                 with self._lock:
                     if len(self._load_faults) > _BROKEN_MEMORY:
                         self._load_faults.clear()
-                    faults = self._load_faults[bundle.digest] = (
-                        self._load_faults.get(bundle.digest, 0) + 1
-                    )
+                    faults = self._load_faults[bundle.digest] = self._load_faults.get(bundle.digest, 0) + 1
                 if faults >= 2:
                     return self._remember_broken(bundle, reason)
                 return self._bundle_error(bundle, reason)
             return self._eval_error(bundle, reason, logged=True)
-        self._pool.release(w)
         w.loaded.move_to_end(bundle.digest)
+        op, reply = call.op, call.reply
         if op == P.OP_UNDEFINED:
             return self._decision(bundle, document, "undefined", "")
         if op == P.OP_VALUE:
@@ -359,28 +343,18 @@ class RegoEngine:
             return None
         if (b"e-3" in body or b"e+308" in body) and any(unrepresentable_number(d) is not None for d in documents):
             return None  # one by one: each such input gets the out-of-range answer (see _evaluate)
-        w = self._pool.acquire(self.acquire_timeout)
-        if w is None:
-            return None
-        timeout = self.timeout + _BATCH_SECONDS_PER_INPUT * len(documents)
-        try:
-            for _attempt in range(2):
-                if bundle.digest not in w.loaded and not self._load_on(w, bundle).ok:
-                    self._pool.release(w)
-                    return None  # one by one: the first input remembers why it is broken
-                op, reply = w.call(P.OP_EVAL_BATCH, bundle.digest.encode("ascii") + body, timeout)
-                if op != P.OP_MISSING:
-                    break
-                w.loaded.pop(bundle.digest, None)
-        except WorkerFault as fault:
-            how, _ = self._pool.discard(w, fault)  # counted when the input at fault faults again
+        call = self._call(bundle, P.OP_EVAL_BATCH, body, self.timeout + _BATCH_SECONDS_PER_INPUT * len(documents))
+        w = call.worker
+        if w is None or call.report is not None:
+            return None  # one by one: the first input remembers why the bundle is broken
+        if call.fault is not None:
+            how, _ = self._pool.discard(w, call.fault)  # counted when the input at fault faults again
             log.info("rego worker %d %s on a batch of %d inputs of bundle revision %s: evaluating them one by one",
                      w.pid, how, len(documents), bundle.revision)
             return None
-        self._pool.release(w)
         w.loaded.move_to_end(bundle.digest)
         try:
-            results = json.loads(reply)["results"] if op == P.OP_OK else None
+            results = json.loads(call.reply)["results"] if call.op == P.OP_OK else None
         except (ValueError, KeyError, TypeError):
             results = None
         if not isinstance(results, list) or len(results) != len(documents):
@@ -404,14 +378,8 @@ class RegoEngine:
             message = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
             where = self._locate(bundle, document, message)
             return self._eval_error(bundle, f"rego evaluation failed: {message}{where}")
-        decision = decision_from_output(
-            value,
-            defined=defined,
-            kind=kind,
-            default_action=bundle.default_action,
-            revision=revision,
-            entrypoint=bundle.entrypoint,
-        )
+        decision = decision_from_output(value, defined=defined, kind=kind, default_action=bundle.default_action,
+                                        revision=revision, entrypoint=bundle.entrypoint)
         if decision.rule_id == "eval-error":
             self._count("eval_errors")
             log.warning("rego bundle %s returned a bad decision: %s", revision, decision.reason)
@@ -428,6 +396,38 @@ class RegoEngine:
             log.exception("rego bundle revision %s: could not locate an evaluation error", bundle.revision)
             return ""
         return f" at {where}" if where else ""
+
+    def _call(self, bundle: RegoBundle, op: int, body: bytes, timeout: float,
+              then: Callable[[WorkerHandle], None] | None = None) -> _Call:
+        """Take a worker, compile ``bundle`` on it unless it holds it, send ``op`` with the
+        bundle's digest and ``body``, and do both once more if the worker evicted the bundle in
+        between (OP_MISSING); ``then`` runs on the worker before it goes back. The worker goes
+        back to the pool unless it faulted: a fault is the caller's to discard and count."""
+        w = self._pool.acquire(self.acquire_timeout)
+        call = _Call(w)
+        if w is None:
+            return call
+        try:
+            for _attempt in range(2):
+                if bundle.digest not in w.loaded:
+                    call.phase = "compiling"
+                    report = self._load_on(w, bundle)
+                    if not report.ok:
+                        self._pool.release(w)
+                        call.report = report
+                        return call
+                call.phase = "evaluating"
+                call.op, call.reply = w.call(op, bundle.digest.encode("ascii") + body, timeout)
+                if call.op != P.OP_MISSING:
+                    break
+                w.loaded.pop(bundle.digest, None)  # the worker evicted it: load and try again
+            if then is not None:
+                then(w)
+        except WorkerFault as fault:
+            call.fault = fault
+            return call
+        self._pool.release(w)
+        return call
 
     def _load_on(self, w: WorkerHandle, bundle: RegoBundle) -> CompileReport:
         op, reply = w.call(P.OP_LOAD, bundle.worker_payload, self.load_timeout)
@@ -481,9 +481,7 @@ class RegoEngine:
 
     def _bundle_error(self, bundle: RegoBundle, reason: str) -> Decision:
         self._count("bundle_errors")
-        return Decision.bundle_error(
-            f"policy_bundle_invalid: {reason}", PolicyKind.REGO, bundle.revision
-        )
+        return Decision.bundle_error(f"policy_bundle_invalid: {reason}", PolicyKind.REGO, bundle.revision)
 
     def _eval_error(self, bundle: RegoBundle, reason: str, *, logged: bool = False) -> Decision:
         self._count("eval_errors")

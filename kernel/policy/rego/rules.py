@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .scan import _CONTINUES, _KEYWORDS, _TOKEN
+from .scan import _CONTINUES, _KEYWORDS, Token, tokens
 
 __all__ = ["Expr", "ModuleRules", "RuleDef", "read_rules"]
 
@@ -44,41 +44,13 @@ class ModuleRules:
     rules: tuple[RuleDef, ...]
 
 
-@dataclass(slots=True)
-class _Tok:
-    kind: str
-    text: str
-    line: int
-    start: int
-    end: int
-    first_on_line: bool
-
-
-def _tokens(source: str) -> list[_Tok]:
-    toks: list[_Tok] = []
-    line, last_line = 1, 0
-    for m in _TOKEN.finditer(source):
-        kind = m.lastgroup or "other"
-        text = m.group()
-        if kind == "nl":
-            line += 1
-            continue
-        if kind in ("ws", "comment"):
-            continue
-        toks.append(_Tok(kind, text, line, m.start(), m.end(), line != last_line))
-        last_line = line
-        if kind == "raw":
-            line += text.count("\n")
-    return toks
-
-
 class _Reader:
     def __init__(self, source: str) -> None:
         self.source = source
-        self.toks = _tokens(source)
+        self.toks = tokens(source)
         self.i = 0
 
-    def peek(self, k: int = 0) -> _Tok | None:
+    def peek(self, k: int = 0) -> Token | None:
         j = self.i + k
         return self.toks[j] if j < len(self.toks) else None
 

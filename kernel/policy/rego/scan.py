@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Call", "ModuleScan", "scan_module"]
+__all__ = ["Call", "ModuleScan", "Token", "byte_col", "scan_module", "tokens"]
 
 _KEYWORDS = frozenset(
     {
@@ -101,39 +101,45 @@ class ModuleScan:
     formats: tuple[tuple[int, int, str], ...] = ()  # sprintf's literal format strings (line, col, text)
 
 
-@dataclass(slots=True)
-class _Tok:
+@dataclass(frozen=True, slots=True)
+class Token:
     kind: str
     text: str
     line: int
-    col: int
+    col: int  # 1-based, in characters (`byte_col` gives rego-cpp's byte column)
+    start: int  # offsets into the source
+    end: int
     first_on_line: bool
 
 
-def _tokens(source: str) -> list[_Tok]:
-    toks: list[_Tok] = []
+def tokens(source: str) -> list[Token]:
+    """The module's tokens, whitespace and comments dropped: the one tokenizer of the scan, the
+    load gate's v0 and idiom checks (v0_syntax.py, idioms.py, guards.py), the rule reader
+    (rules.py) and the time lint (timelint.py)."""
+    out: list[Token] = []
     line, line_start, last_line = 1, 0, 0
     for m in _TOKEN.finditer(source):
         kind = m.lastgroup or "other"
-        text = m.group()
         if kind == "nl":
             line += 1
             line_start = m.end()
             continue
         if kind in ("ws", "comment"):
             continue
-        col = len(source[line_start : m.start()].encode("utf-8")) + 1
-        toks.append(_Tok(kind, text, line, col, line != last_line))
+        out.append(Token(kind, m.group(), line, m.start() - line_start + 1, m.start(), m.end(), line != last_line))
         last_line = line
-        if kind == "raw":  # raw strings may span lines
-            newlines = text.count("\n")
-            if newlines:
-                line += newlines
-                line_start = m.start() + text.rfind("\n") + 1
-    return toks
+        if kind == "raw" and "\n" in m.group():  # raw strings may span lines
+            line += m.group().count("\n")
+            line_start = m.start() + m.group().rfind("\n") + 1
+    return out
 
 
-def _ref(toks: list[_Tok], i: int) -> tuple[list[str], int]:
+def byte_col(source: str, tok: Token) -> int:
+    """``tok``'s 1-based column in UTF-8 bytes, as rego-cpp's own report counts (diagnostics.py)."""
+    return len(source[tok.start - tok.col + 1 : tok.start].encode("utf-8")) + 1
+
+
+def _ref(toks: list[Token], i: int) -> tuple[list[str], int]:
     """Read `a.b.c` (and `["x"]` parts) starting at toks[i]; return the segments and next index."""
     parts = [toks[i].text]
     i += 1
@@ -155,7 +161,7 @@ def _ref(toks: list[_Tok], i: int) -> tuple[list[str], int]:
 
 
 def scan_module(source: str) -> ModuleScan:
-    toks = _tokens(source)
+    toks = tokens(source)
     package, package_line = "", 0
     imports: dict[str, str] = {}
     heads: set[str] = set()
@@ -164,7 +170,7 @@ def scan_module(source: str) -> ModuleScan:
     formats: list[tuple[int, int, str]] = []
     depth = 0
     i, n = 0, len(toks)
-    prev: _Tok | None = None
+    prev: Token | None = None
     while i < n:
         tok = toks[i]
         starts = depth == 0 and (
@@ -184,7 +190,7 @@ def scan_module(source: str) -> ModuleScan:
             if parts[0] in ("data", "input"):
                 imports[alias] = ".".join(parts)
             # An import ends at its line, even one ending in a keyword (`import future.keywords.in`).
-            prev, i = _Tok("end", "", tok.line, 0, False), j
+            prev, i = Token("end", "", tok.line, 0, 0, 0, False), j
             continue
         if starts and tok.text == "default" and i + 1 < n and toks[i + 1].kind == "ident":
             prev, i, tok = tok, i + 1, toks[i + 1]
@@ -202,17 +208,17 @@ def scan_module(source: str) -> ModuleScan:
                 and toks[j].text == "("
                 and (tok.text not in _KEYWORDS or tok.text == "contains")
             ):
-                calls.append(Call(".".join(parts), tok.line, tok.col))
+                calls.append(Call(".".join(parts), tok.line, byte_col(source, tok)))
                 if parts == ["sprintf"] and j + 1 < n and toks[j + 1].kind in ("str", "raw"):
                     fmt = toks[j + 1]
-                    formats.append((fmt.line, fmt.col, fmt.text[1:-1]))
+                    formats.append((fmt.line, byte_col(source, fmt), fmt.text[1:-1]))
             if (
                 tok.text == "with"
                 and i + 2 < n
                 and toks[i + 1].text == "input"
                 and toks[i + 2].text == "as"
             ):
-                whole_input.append((tok.line, tok.col))
+                whole_input.append((tok.line, byte_col(source, tok)))
             if j > i + 1:
                 prev, i = toks[j - 1], j
                 continue

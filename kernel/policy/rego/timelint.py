@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 
-from .rules import _tokens
+from .scan import tokens
 
 __all__ = ["TimeLint", "rego_cpp_parses_time", "time_literal_lints"]
 
@@ -73,7 +73,7 @@ def time_literal_lints(modules: dict[str, str], display: dict[str, str] | None =
     layout) that rego-cpp cannot parse, in module and line order."""
     out: list[TimeLint] = []
     for path, source in modules.items():
-        toks = _tokens(source)
+        toks = tokens(source)
         line_starts = [0] + [i + 1 for i, c in enumerate(source) if c == "\n"]
         for i in range(len(toks) - 5):
             if toks[i].text != "time" or toks[i + 1].text != "." or toks[i + 3].text != "(":

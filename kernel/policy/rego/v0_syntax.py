@@ -1,5 +1,5 @@
 """OPA v0 syntax that rego-cpp reads as something else: finding it (the load gate) and rewriting it
-to v1 (`regent policy fmt --v0-v1`). Pure; a tokenizer with bracket depth, like scan.py.
+to v1 (`regent policy fmt --v0-v1`). Pure; scan.py's tokens with bracket depth.
 
 rego-cpp 1.5.2 parses a v0 rule head such as ``blocked[cmd] { … }`` as a v1 rule building the
 object ``{cmd: true}``; OPA v1 refuses the module and OPA v0 builds the set ``{cmd}``. A deny rule
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .scan import _CONTINUES, _KEYWORDS, _TOKEN
+from .scan import _CONTINUES, _KEYWORDS, Token, tokens
 
 __all__ = ["Token", "V0Head", "find_v0_heads", "operator_line_problems", "reserved_name_problems", "rewrite_v0_v1",
            "set_head_problems", "tokens", "v1_problems"]
@@ -18,36 +18,6 @@ __all__ = ["Token", "V0Head", "find_v0_heads", "operator_line_problems", "reserv
 # A `{` after one of these at depth 0 opens a body with no `if`: the v0 form.
 _VALUE_END_KINDS = frozenset({"num", "str", "raw"})
 _VALUE_END_OPS = frozenset({"]", ")", "}"})
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    kind: str
-    text: str
-    line: int
-    col: int  # 1-based, in characters
-    start: int  # offsets into the source
-    end: int
-    first_on_line: bool
-
-
-def tokens(source: str) -> list[Token]:
-    out: list[Token] = []
-    line, line_start, last_line = 1, 0, 0
-    for m in _TOKEN.finditer(source):
-        kind = m.lastgroup or "other"
-        if kind == "nl":
-            line += 1
-            line_start = m.end()
-            continue
-        if kind in ("ws", "comment"):
-            continue
-        out.append(Token(kind, m.group(), line, m.start() - line_start + 1, m.start(), m.end(), line != last_line))
-        last_line = line
-        if kind == "raw" and "\n" in m.group():
-            line += m.group().count("\n")
-            line_start = m.start() + m.group().rfind("\n") + 1
-    return out
 
 
 def statements(toks: list[Token]) -> list[tuple[int, int]]:
