@@ -275,6 +275,12 @@ def _steps_by_key_only(conn: Connection) -> None:
     conn.execute(text("DROP INDEX IF EXISTS ix_steps_execution"))
 
 
+def _mcp_tool_pins(conn: Connection) -> None:
+    # 015 (docs/mcp.md, "Pinned tool definitions"): the MCP tools' offered and approved definitions,
+    # held by the kernel so every gateway replica reads the same approvals. A new table only.
+    t.mcp_tool_pins.create(conn, checkfirst=True)
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
@@ -290,6 +296,8 @@ MIGRATIONS: list[Migration] = [
     Migration(12, "the bundle that asked for an approval: kind and revision", _approval_bundle),
     Migration(13, "indexes for the sweeps: retention, approval expiry, suspended parents", _sweep_indexes),
     Migration(14, "steps: no index on execution_id alone (the unique key's leads with it)", _steps_by_key_only),
+    # Another branch may add a dispatch-index migration: whichever lands second is renumbered.
+    Migration(15, "MCP tool pins held by the kernel", _mcp_tool_pins),
 ]
 LATEST = MIGRATIONS[-1].version
 
