@@ -30,7 +30,9 @@ def canonical_definition(name: str, description: str | None, input_schema: Any) 
 
 def definition_hash(name: str, description: str | None, input_schema: Any) -> str:
     """sha256 of `canonical_definition`: what an approval pins."""
-    return hashlib.sha256(canonical_definition(name, description, input_schema).encode("utf-8")).hexdigest()
+    # surrogatepass: an upstream's JSON may carry lone surrogates ("\ud800"), which UTF-8 cannot.
+    text = canonical_definition(name, description, input_schema)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
