@@ -114,10 +114,12 @@ def report_offered(k: Kernel, agent_id: str, offered: Sequence[Offered], manifes
         if tx.get_agent(agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
         pins = {p.tool: p for p in tx.tool_pins(agent_id)}
-        for o in offered:
+        offers = {o.tool: o for o in offered}  # a name twice: the last one (the catalog keeps one)
+        for o in offers.values():
             p = pins.get(o.tool)
             if p is None or p.offered_sha256 != o.sha256 or p.upstream != o.upstream:
                 tx.put_tool_offer(agent_id, o.tool, o.upstream, o.sha256, o.definition, now, exists=p is not None)
+        pins = {p.tool: p for p in tx.tool_pins(agent_id)}
         for tool, digest in manifest_pins.items():
             p = pins.get(tool)
             # A manifest pin approves a tool no one has approved, or replaces an earlier manifest
@@ -127,7 +129,7 @@ def report_offered(k: Kernel, agent_id: str, offered: Sequence[Offered], manifes
                     tx.put_tool_offer(agent_id, tool, None, None, None, now, exists=False)
                 _approve(tx, now, agent_id, p, tool, digest, None, MANIFEST, "manifest")
         if trust_new_tools:
-            for o in offered:
+            for o in offers.values():
                 p = pins.get(o.tool)
                 if (p is None or p.approved is None) and o.tool not in manifest_pins:
                     _approve(tx, now, agent_id, p, o.tool, o.sha256, o.definition, MANIFEST, "trust_new_tools")

@@ -65,6 +65,7 @@ class AgentGateway:
         self.ready = asyncio.Event()
         self._validators: dict[str, Any] = {}
         self._pin_sync: asyncio.Future[None] | None = None  # the report in flight: a burst of refusals shares it
+        self._pins_read_at = 0.0
 
     # -- the catalog ------------------------------------------------------------------------------
 
@@ -104,7 +105,16 @@ class AgentGateway:
             self._pin_sync = asyncio.ensure_future(self._sync_pins())
         await asyncio.shield(self._pin_sync)
 
+    async def sync_pins_soon(self, newer_than_seconds: float = 1.0) -> None:
+        """Re-read the approvals before answering, unless they were read within `newer_than_seconds`
+        (a client listing in a loop costs the kernel one report a second at most); bounded."""
+        if time.monotonic() - self._pins_read_at < newer_than_seconds:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.sync_pins(), _PIN_SYNC_ON_REFUSAL_SECONDS)
+
     async def _sync_pins(self) -> None:
+        self._pins_read_at = time.monotonic()
         changed = await self.pins.sync(self.agent_id, self.link.report_tools,
                                        report(self.cfg, self.catalog, self.pins.manifest_pins.get(self.agent_id, {})))
         if changed:
@@ -197,7 +207,11 @@ class AgentGateway:
         @server.list_tools()  # type: ignore[untyped-decorator]
         async def list_tools() -> list[types.Tool]:
             await gw._session()
-            return [e.offered() for e in (await gw._catalog()).values() if e.state == APPROVED]
+            catalog = await gw._catalog()
+            if any(e.state != APPROVED for e in catalog.values()):
+                await gw.sync_pins_soon()  # a hidden tool may have been approved since the last refresh
+                catalog = gw.catalog
+            return [e.offered() for e in catalog.values() if e.state == APPROVED]
 
         async def call_tool(req: types.CallToolRequest) -> types.ServerResult:
             return types.ServerResult(await gw.call(req))
@@ -268,8 +282,7 @@ class AgentGateway:
             raise GatewayError(types.INVALID_PARAMS, f"unknown tool {name[:200]!r}")
         if entry.state != APPROVED:
             # Approved since the last refresh (through another replica, the console)? Ask once.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.sync_pins(), _PIN_SYNC_ON_REFUSAL_SECONDS)
+            await self.sync_pins_soon(0.0)
             entry = self.catalog.get(name, entry)
         if entry.state != APPROVED:
             return await self._unpinned(slot, entry)
