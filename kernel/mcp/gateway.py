@@ -90,9 +90,15 @@ class AgentGateway:
 
     def _tools_changed(self) -> None:
         self.catalog = build(self.agent_id, self.upstreams, self.pins)
-        self._notify()
-        # The new definitions go to the kernel, which may approve them (trust_new_tools).
-        asyncio.get_running_loop().create_task(_quietly(self.sync_pins()))
+
+        async def report_then_notify() -> None:
+            # The new definitions go to the kernel first, which may approve them (trust_new_tools),
+            # so a client listing on the notification sees them as the kernel decided.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.sync_pins(), _PIN_SYNC_ON_REFUSAL_SECONDS)
+            self._notify()
+
+        asyncio.get_running_loop().create_task(_quietly(report_then_notify()))
 
     def _notify(self) -> None:
         for s in list(self.live):
@@ -107,8 +113,10 @@ class AgentGateway:
 
     async def sync_pins_soon(self, newer_than_seconds: float = 1.0) -> None:
         """Re-read the approvals before answering, unless they were read within `newer_than_seconds`
-        (a client listing in a loop costs the kernel one report a second at most); bounded."""
-        if time.monotonic() - self._pins_read_at < newer_than_seconds:
+        (a client listing in a loop costs the kernel one report a second at most); a report in
+        flight is waited for. Bounded."""
+        in_flight = self._pin_sync is not None and not self._pin_sync.done()
+        if not in_flight and time.monotonic() - self._pins_read_at < newer_than_seconds:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.sync_pins(), _PIN_SYNC_ON_REFUSAL_SECONDS)

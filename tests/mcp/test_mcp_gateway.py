@@ -303,8 +303,15 @@ def test_a_changed_definition_is_hidden_and_refused_until_approved_and_new_tools
         assert r.status_code == 200, r.text
     bad = env.api.http.post("/v0/mcp/guarded/tools/approve", json={"tool": "fs_big", "sha256": "0" * 64})
     assert bad.status_code == 409  # not the definition offered: no approving what no one has seen
-    names, allowed = run(listed_and_called())
-    assert {"fs_read_file", "fs_write_file"} <= names and not allowed.isError
+
+    async def called_and_listed() -> tuple[set[str], Any]:
+        async with mcp_session(url(env, "guarded"), token=CLIENT_TOKEN) as s:
+            # The call re-reads the approvals (it would be refused otherwise); the list then has them.
+            called = await s.call_tool("fs_read_file", {"path": "x"})
+            return {t.name for t in (await s.list_tools()).tools}, called
+
+    names, allowed = run(called_and_listed())
+    assert {"fs_read_file", "fs_write_file"} <= names and not allowed.isError, text(allowed)
     pinned = collections.Counter(t["state"] for t in env.api.http.get("/v0/mcp/guarded/tools").json()["tools"])
     assert pinned["approved"] == 2
 
