@@ -72,8 +72,10 @@ class KernelPins:
 
     def take(self, agent: str, answer: Any) -> bool:
         """The kernel's answer to a report; True when the approvals changed."""
-        pins = {str(t["tool"]): str(t["approved_sha256"]) for t in answer.get("tools", [])
-                if isinstance(t, dict) and t.get("approved_sha256")}
+        tools = answer["tools"]
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise ValueError("not a list of tools")
+        pins = {str(t["tool"]): str(t["approved_sha256"]) for t in tools if t.get("approved_sha256")}
         with self._lock:
             changed = pins != self._current(agent) or agent not in self._answered
             self._answered[agent] = pins
