@@ -58,6 +58,8 @@ async def tools_page(request: Request) -> Response:
     v = await viewer(request)
     require(v, tool_pins.SCOPE)
     agent_id = request.query_params.get("agent_id") or None
+    if agent_id is not None:
+        check_text(agent_id, "agent id")
     ctx = await call(_overview, kernel_of(request), agent_id)
     approved = request.query_params.get("approved", "")[: tool_pins.MAX_TOOL_NAME]
     return page(request, v, "mcp_tools.html", section="mcp", approved=approved, shown=_DESCRIPTION_SHOWN, **ctx)
