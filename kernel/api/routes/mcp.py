@@ -19,7 +19,7 @@ from kernel.clock import rfc3339
 from kernel.core import tool_pins
 from kernel.core.tool_pins import SCOPE as PIN_SCOPE
 from kernel.domain import ToolPin
-from kernel.errors import Forbidden
+from kernel.errors import Forbidden, invalid
 
 router = APIRouter()
 
@@ -54,10 +54,11 @@ def pin_json(p: ToolPin, definitions: bool = False) -> dict[str, Any]:
         a = p.approved
         out.update(approved_sha256=a.sha256, approved_by=a.by or a.credential, approved_credential=a.credential,
                    approved_via=a.via, approved_at=rfc3339(a.at))
-    if definitions:
+    out = {k: v for k, v in out.items() if v is not None}
+    if definitions:  # null when there is none (a manifest pin has its hash only)
         out["definition"] = p.offered_definition
         out["approved_definition"] = p.approved.definition if p.approved else None
-    return {k: v for k, v in out.items() if v is not None}
+    return out
 
 
 def _answer(agent_id: str, pins: list[ToolPin], definitions: bool = False) -> Response:
@@ -88,6 +89,8 @@ async def list_tools(agent_id: str, request: Request) -> Response:
 async def approve_tool(agent_id: str, request: Request) -> Response:
     principal = await call(auth_of(request).principal, request, PIN_SCOPE)
     body = parse_model(ApproveBody, await _body(request))
+    if body.via not in ("api", "cli"):  # `console` is the console's own to record
+        raise invalid("`via` is api or cli")
     p = await call(tool_pins.approve, kernel_of(request), agent_param(agent_id), body.tool, body.sha256,
                    actor_of(request, principal), body.via)
     return JSONResponse(pin_json(p))
