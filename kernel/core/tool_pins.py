@@ -105,16 +105,42 @@ def _approve(tx: Any, now: Any, agent_id: str, pin: ToolPin | None, tool: str, s
                                  "to": sha256, "via": via})
 
 
+def _manifest_applies(p: ToolPin | None, digest: str) -> bool:
+    """A manifest pin approves a tool no one has approved, or replaces an earlier manifest pin;
+    it never undoes an operator's approval."""
+    return p is None or p.approved is None or (p.approved.via == "manifest" and p.approved.sha256 != digest)
+
+
+def _changes(current: Sequence[ToolPin], offers: Mapping[str, Offered], manifest_pins: Mapping[str, str],
+             trust_new_tools: bool) -> bool:
+    pins = {p.tool: p for p in current}
+    for o in offers.values():
+        p = pins.get(o.tool)
+        if p is None or p.offered_sha256 != o.sha256 or p.upstream != o.upstream:
+            return True
+        if trust_new_tools and p.approved is None and o.tool not in manifest_pins:
+            return True
+    return any(_manifest_applies(pins.get(tool), digest) for tool, digest in manifest_pins.items())
+
+
 def report_offered(k: Kernel, agent_id: str, offered: Sequence[Offered], manifest_pins: Mapping[str, str],
                    trust_new_tools: bool) -> list[ToolPin]:
     """Record what a gateway offers (rows change only when a definition does), apply the
     manifest's pins and `trust_new_tools`, and answer the agent's pins."""
+    offers = {o.tool: o for o in offered}  # a name twice: the last one (the catalog keeps one)
+    # Each gateway reports every few seconds and almost every report changes nothing: read first,
+    # and take the write lock (SQLite's is the database's) only when something is to be written.
+    with k.store.read() as tx:
+        if tx.get_agent(agent_id) is None:
+            raise NotFound(f"agent {agent_id!r} not found")
+        current = list(tx.tool_pins(agent_id))
+    if not _changes(current, offers, manifest_pins, trust_new_tools):
+        return current
     now = k.clock.now()
     with k.store.transaction(lock=_lock(agent_id)) as tx:
         if tx.get_agent(agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
         pins = {p.tool: p for p in tx.tool_pins(agent_id)}
-        offers = {o.tool: o for o in offered}  # a name twice: the last one (the catalog keeps one)
         for o in offers.values():
             p = pins.get(o.tool)
             if p is None or p.offered_sha256 != o.sha256 or p.upstream != o.upstream:
@@ -122,9 +148,7 @@ def report_offered(k: Kernel, agent_id: str, offered: Sequence[Offered], manifes
         pins = {p.tool: p for p in tx.tool_pins(agent_id)}
         for tool, digest in manifest_pins.items():
             p = pins.get(tool)
-            # A manifest pin approves a tool no one has approved, or replaces an earlier manifest
-            # pin; it never undoes an operator's approval.
-            if p is None or p.approved is None or (p.approved.via == "manifest" and p.approved.sha256 != digest):
+            if _manifest_applies(p, digest):
                 if p is None:
                     tx.put_tool_offer(agent_id, tool, None, None, None, now, exists=False)
                 _approve(tx, now, agent_id, p, tool, digest, None, MANIFEST, "manifest")

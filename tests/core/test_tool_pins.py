@@ -117,3 +117,13 @@ def test_a_hostile_description_is_kept_and_read_back_as_given(k: Kernel) -> None
 def test_approving_a_tool_no_gateway_reported_is_not_found(k: Kernel) -> None:
     with pytest.raises(NotFound):
         tool_pins.approve(k, "files", "fs_nothing", "0" * 64, ALICE, "api")
+
+
+def test_a_report_of_the_same_definitions_writes_nothing(k: Kernel, clock: Any) -> None:
+    first = report(k, offered(), manifest_pins={"fs_read_file": "0" * 64})["fs_read_file"]
+    clock.advance(60)
+    again = report(k, offered(), manifest_pins={"fs_read_file": "0" * 64})["fs_read_file"]
+    assert again.offered_at == first.offered_at and again == first
+    clock.advance(60)
+    changed = report(k, offered(description="changed"))["fs_read_file"]
+    assert changed.offered_at is not None and first.offered_at is not None and changed.offered_at > first.offered_at
