@@ -95,7 +95,7 @@ class AgentGateway:
             # The new definitions go to the kernel first, which may approve them (trust_new_tools),
             # so a client listing on the notification sees them as the kernel decided.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.sync_pins(), _PIN_SYNC_ON_REFUSAL_SECONDS)
+                await asyncio.wait_for(self.sync_pins(fresh=True), _PIN_SYNC_ON_REFUSAL_SECONDS)
             self._notify()
 
         asyncio.get_running_loop().create_task(_quietly(report_then_notify()))
@@ -104,14 +104,18 @@ class AgentGateway:
         for s in list(self.live):
             asyncio.get_running_loop().create_task(_quietly(s.send_tool_list_changed()))
 
-    async def sync_pins(self) -> None:
+    async def sync_pins(self, fresh: bool = False) -> None:
         """Report the offered definitions to the kernel and take its approvals back; the catalog
-        is rebuilt and clients told when an approval changed (another replica's, an operator's)."""
+        is rebuilt and clients told when an approval changed (another replica's, an operator's).
+        A report in flight is shared, unless `fresh`: the catalog changed since it was sent."""
+        if fresh and self._pin_sync is not None and not self._pin_sync.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._pin_sync)
         if self._pin_sync is None or self._pin_sync.done():
             self._pin_sync = asyncio.ensure_future(self._sync_pins())
         await asyncio.shield(self._pin_sync)
 
-    async def sync_pins_soon(self, newer_than_seconds: float = 1.0) -> None:
+    async def sync_pins_soon(self, newer_than_seconds: float = 1.0, fresh: bool = False) -> None:
         """Re-read the approvals before answering, unless they were read within `newer_than_seconds`
         (a client listing in a loop costs the kernel one report a second at most); a report in
         flight is waited for. Bounded."""
@@ -119,7 +123,7 @@ class AgentGateway:
         if not in_flight and time.monotonic() - self._pins_read_at < newer_than_seconds:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.sync_pins(), _PIN_SYNC_ON_REFUSAL_SECONDS)
+            await asyncio.wait_for(self.sync_pins(fresh), _PIN_SYNC_ON_REFUSAL_SECONDS)
 
     async def _sync_pins(self) -> None:
         self._pins_read_at = time.monotonic()
@@ -289,8 +293,9 @@ class AgentGateway:
         if entry is None:
             raise GatewayError(types.INVALID_PARAMS, f"unknown tool {name[:200]!r}")
         if entry.state != APPROVED:
-            # Approved since the last refresh (through another replica, the console)? Ask once.
-            await self.sync_pins_soon(0.0)
+            # Approved since the last refresh (through another replica, the console)? Ask once,
+            # in a report sent now (one in flight may have been read before the approval).
+            await self.sync_pins_soon(0.0, fresh=True)
             entry = self.catalog.get(name, entry)
         if entry.state != APPROVED:
             return await self._unpinned(slot, entry)
