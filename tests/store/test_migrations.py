@@ -404,7 +404,7 @@ def test_version_12_database_migrates_and_gets_the_sweeps_indexes(empty_store: S
             assert name in {i["name"] for i in inspect(c).get_indexes(table)}
 
 
-def test_version_13_database_migrates_and_gets_the_mcp_tool_pins_table(empty_store: SqlStore) -> None:
+def test_version_14_database_migrates_and_gets_the_mcp_tool_pins_table(empty_store: SqlStore) -> None:
     from sqlalchemy import inspect
 
     from kernel.domain import ToolApproval
@@ -413,9 +413,9 @@ def test_version_13_database_migrates_and_gets_the_mcp_tool_pins_table(empty_sto
     migrate(store)
     with store.engine.begin() as c:
         c.execute(text("DROP TABLE mcp_tool_pins"))
-        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 13))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 14))
         assert not inspect(c).has_table("mcp_tool_pins")
-    assert 14 in [m.version for m in migrate(store)]
+    assert [m.version for m in migrate(store)] == list(range(15, LATEST + 1))
     with store.transaction() as tx:  # the new table takes rows
         tx.upsert_agent(Agent(id="files", webhook_url="http://127.0.0.1:9/h", secret="s", registered_at=T0))
         tx.put_tool_offer("files", "fs_read", "fs", "a" * 64, {"name": "read"}, T0, exists=False)
