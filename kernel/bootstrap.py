@@ -250,9 +250,8 @@ def mcp_gateway(settings: Settings, kernel: Kernel, manifest: Manifest | None, a
                  outcome=functools.partial(agent.outcome, kernel, app.state.metrics))
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     host = f"[{host}]" if ":" in host else host
-    admin = settings.mcp_admin_token.get_secret_value() if settings.mcp_admin_token else None
     return mount(app, host_, manifest, kernel_url=f"http://{host}:{settings.port}", kernel_token=token,
-                 admin_token=admin or None, pins_path=Path(settings.mcp_pins_file) if settings.mcp_pins_file else None)
+                 pins_path=Path(settings.mcp_pins_file) if settings.mcp_pins_file else None)
 
 
 def build_runtime(settings: Settings) -> Runtime:

@@ -93,10 +93,9 @@ class Settings(BaseSettings):
     db_pool_size: int = 10
 
     # The MCP gateway in this process, under /mcp-gateway (`--mcp`; docs/mcp.md, "In the kernel's
-    # process"): its pin file and admin token, as `regent mcp serve` reads them
+    # process"): its pin file (the last approvals the kernel answered), as `regent mcp serve` reads it
     mcp_in_kernel: bool = False
     mcp_pins_file: str | None = None
-    mcp_admin_token: SecretStr | None = None
 
     # Requests
     max_body_bytes: int = 10 * 1024 * 1024

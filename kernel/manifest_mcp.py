@@ -13,7 +13,7 @@ from typing import Any
 
 _KEYS = ("upstreams", "client_token", "at_most_once", "pins", "trust_new_tools", "approval_wait_seconds",
          "lease_wait_seconds", "call_timeout_seconds", "max_args_bytes", "max_result_bytes",
-         "resume_seconds", "record_before_answer")
+         "resume_seconds", "record_before_answer", "pins_refresh_seconds")
 _UPSTREAM_KEYS = ("prefix", "command", "args", "env", "cwd", "url", "headers", "timeout_seconds")
 # The SDK's `{prefix}_{name}`: a prefix is a plain identifier so the joined name stays one.
 _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
@@ -54,6 +54,7 @@ class McpAgent:
     max_result_bytes: int = 1024 * 1024
     resume_seconds: float = 300.0  # a keyed session's execution stays open this long after it ends
     record_before_answer: bool = False  # record a result before answering it (else while answering)
+    pins_refresh_seconds: float = 5.0  # how often the gateway re-reads the kernel's approvals
 
 
 def _seconds(value: Any, key: str) -> float:
@@ -142,7 +143,8 @@ def parse_mcp(raw: Any) -> McpAgent:
                 raise McpConfigError(f"`mcp.{key}` must be a whole number of bytes in [1024, 64 MiB]")
             sizes[key] = v
     waits = {k: _seconds(raw[k], k) for k in ("approval_wait_seconds", "lease_wait_seconds",
-                                                "call_timeout_seconds", "resume_seconds") if k in raw}
+                                                "call_timeout_seconds", "resume_seconds",
+                                                "pins_refresh_seconds") if k in raw}
     return McpAgent(upstreams=upstreams, client_token=token,
                     at_most_once=_strings(raw.get("at_most_once", []), "mcp.at_most_once"),
                     pins=dict(pins), trust_new_tools=trust, record_before_answer=strict, **sizes, **waits)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from kernel.api import errors, schema
 from kernel.api.auth import Authenticator
 from kernel.api.hot import KernelApp
 from kernel.api.metrics import ApiMetrics, ReplayCollector
-from kernel.api.routes import admin, agent, audit, client, ops, policies, shadow, stream
+from kernel.api.routes import admin, agent, audit, client, mcp, ops, policies, shadow, stream
 from kernel.core.kernel import Kernel
 
 # Below about a TCP segment compression saves no packet and costs a compressor per answer.
@@ -76,7 +76,7 @@ def create_app(
     # the framework's per-request cost on a step round trip). No two routes overlap, so the order
     # decides nothing but speed.
     for r in (agent.router, stream.router, client.router, admin.router, policies.router, audit.router,
-              shadow.router, ops.router):
+              shadow.router, mcp.router, ops.router):
         app.router.routes.extend(r.routes)
     schema.install(app)
     return app

@@ -1,5 +1,5 @@
 """`regent mcp`: serve the MCP gateway (streamable HTTP, or one client over stdio), and list or
-approve pinned tool definitions through a running gateway."""
+approve pinned tool definitions through the kernel's API (`regent mcp pins list|approve`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ def _gateways(args: argparse.Namespace, only: str | None):  # type: ignore[no-un
     kernel_url = args.kernel or os.environ.get("REGENT_KERNEL_URL", "http://127.0.0.1:8080")
     pins = args.pins_file or os.environ.get("REGENT_MCP_PINS_FILE")
     gws = Gateways(manifest, kernel_url, kernel_token=os.environ.get("REGENT_MCP_KERNEL_TOKEN") or None,
-                   admin_token=os.environ.get("REGENT_MCP_ADMIN_TOKEN") or None,
                    pins_path=Path(pins) if pins else None, only=only)
     if not gws.agents:
         which = f"agent {only!r}" if only else "any agent"
@@ -122,27 +121,36 @@ async def _bridge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _admin(args: argparse.Namespace, method: str, path: str, body: object = None) -> int:
+def _kernel(args: argparse.Namespace, method: str, path: str, body: object = None) -> int:
+    """One call to the kernel's pin routes with an operator's bearer (`policies:write`)."""
     import httpx
 
-    token = os.environ.get("REGENT_MCP_ADMIN_TOKEN")
-    if not token:
-        raise ConfigError("set REGENT_MCP_ADMIN_TOKEN to the gateway's admin token")
-    url = (args.gateway or os.environ.get("REGENT_MCP_URL", "http://127.0.0.1:8070")).rstrip("/")
+    token = args.token or os.environ.get("REGENT_BEARER_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = (args.kernel or os.environ.get("REGENT_KERNEL_URL", "http://127.0.0.1:8080")).rstrip("/")
     try:
-        r = httpx.request(method, url + path, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        r = httpx.request(method, url + path, json=body, headers=headers, timeout=30)
     except httpx.HTTPError as e:
-        raise ConfigError(f"cannot reach the gateway at {url}: {type(e).__name__}") from None
-    sys.stdout.write(json.dumps(r.json(), indent=1) + "\n")
+        raise ConfigError(f"cannot reach the kernel at {url}: {type(e).__name__}") from None
+    try:
+        answer = r.json()
+    except ValueError:
+        answer = {"status": r.status_code, "text": r.text[:500]}
+    sys.stdout.write(json.dumps(answer, indent=1) + "\n")
     return 0 if r.status_code < 300 else 1
 
 
 def cmd_pins_list(args: argparse.Namespace) -> int:
-    return _admin(args, "GET", f"/pins/{args.agent}")
+    from urllib.parse import quote
+
+    return _kernel(args, "GET", f"/v0/mcp/{quote(args.agent, safe='')}/tools")
 
 
 def cmd_pins_approve(args: argparse.Namespace) -> int:
-    return _admin(args, "POST", f"/pins/{args.agent}", {"tool": args.tool, "sha256": args.sha256})
+    from urllib.parse import quote
+
+    return _kernel(args, "POST", f"/v0/mcp/{quote(args.agent, safe='')}/tools/approve",
+                   {"tool": args.tool, "sha256": args.sha256, "via": "cli"})
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -152,22 +160,27 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     sp.add_argument("--config", help="provisioning manifest with the agents' `mcp:` sections (REGENT_CONFIG)")
     sp.add_argument("--kernel", help="kernel URL (REGENT_KERNEL_URL, default http://127.0.0.1:8080)")
     sp.add_argument("--host", default="127.0.0.1")
-    sp.add_argument("--port", type=int, default=8070, help="MCP, webhooks, /metrics and the pin API")
+    sp.add_argument("--port", type=int, default=8070, help="MCP, webhooks, /metrics and /health")
     sp.add_argument("--agent", help="serve this agent only (required with --stdio)")
     sp.add_argument("--stdio", action="store_true", help="one MCP client on stdin/stdout")
     sp.add_argument("--gateway", help="with --stdio: relay to this running HTTP gateway (its URL) instead of "
                     "serving the agent here; the bearer is REGENT_MCP_CLIENT_TOKEN")
     sp.add_argument("--session-key", dest="session_key",
                     help="with --stdio: resume the execution of this key (a restarted client replays)")
-    sp.add_argument("--pins-file", dest="pins_file", help="approved tool definitions (REGENT_MCP_PINS_FILE)")
+    sp.add_argument("--pins-file", dest="pins_file", help="the kernel's last approvals, read only when it is "
+                    "unreachable at start (REGENT_MCP_PINS_FILE)")
     sp.add_argument("--request-read-timeout", dest="request_read_timeout", type=float, default=30.0)
     sp.set_defaults(fn=cmd_serve)
-    for name, fn, help_ in (("pins", cmd_pins_list, "list the agent's tools with their definition hashes"),
-                            ("approve", cmd_pins_approve, "approve (pin) a tool's current definition")):
-        pp = mcp_sub.add_parser(name, help=help_)
+    pins = mcp_sub.add_parser("pins", help="an agent's MCP tools and their approved definitions, in the kernel")
+    pins_sub = pins.add_subparsers(dest="pins_command", required=True)
+    for name, fn, help_ in (("list", cmd_pins_list, "the agent's tools: state (approved/changed/new), sha256, "
+                             "who approved"),
+                            ("approve", cmd_pins_approve, "approve the definition a tool is offered with now")):
+        pp = pins_sub.add_parser(name, help=help_)
         pp.add_argument("--agent", required=True)
-        pp.add_argument("--gateway", help="the gateway's URL (REGENT_MCP_URL, default http://127.0.0.1:8070)")
+        pp.add_argument("--kernel", help="kernel URL (REGENT_KERNEL_URL, default http://127.0.0.1:8080)")
+        pp.add_argument("--token", help="an API key with policies:write, or the bootstrap token (REGENT_BEARER_TOKEN)")
         if name == "approve":
             pp.add_argument("--tool", required=True)
-            pp.add_argument("--sha256", required=True)
+            pp.add_argument("--sha256", required=True, help="the definition's hash, as `pins list` shows it")
         pp.set_defaults(fn=fn)

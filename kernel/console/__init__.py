@@ -21,9 +21,18 @@ class ConsoleState:
 
 def install(app: FastAPI, *, dev: bool, bearer_token: str | None, session_key: bytes | None = None,
             session_ttl_seconds: float = 8 * 3600) -> None:
-    from kernel.console import approvals, audit, cancel, executions, playground, policies, signin
+    from kernel.console import (
+        approvals,
+        audit,
+        cancel,
+        executions,
+        mcp_tools,
+        playground,
+        policies,
+        signin,
+    )
 
     app.state.console = ConsoleState(Sessions(session_key, session_ttl_seconds), dev, bearer_token)
-    for module in (signin, executions, cancel, approvals, audit, policies, playground):
+    for module in (signin, executions, cancel, approvals, audit, policies, mcp_tools, playground):
         app.router.routes.extend(module.router.routes)
     app.mount("/console/static", StaticFiles(directory=HERE / "static"), name="console-static")

@@ -222,6 +222,7 @@ def nav(v: Viewer) -> list[tuple[str, str, str]]:
         ("/console/approvals", "Approvals", "approvals", ("approvals:read",)),
         ("/console/audit", "Decisions", "audit", ("decisions:read",)),
         ("/console/policies", "Policies", "policies", ("policies:write",)),
+        ("/console/mcp", "MCP tools", "mcp", ("policies:write",)),
         ("/console/playground", "Playground", "playground", ("policies:write",)),
     ]
     return [(path, label, ident) for path, label, ident, scopes in items if v.can(*scopes)]

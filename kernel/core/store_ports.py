@@ -21,6 +21,8 @@ if TYPE_CHECKING:
         PolicyEventType,
         Step,
         StepStatus,
+        ToolApproval,
+        ToolPin,
     )
     from kernel.domain.decision import TallyKey
 
@@ -188,13 +190,23 @@ class ShadowStore(Protocol):
     def policy_events(self, agent_id: str, limit: int, types: Iterable[str] | None=...) -> list[Any]: ...
 
 
+@runtime_checkable
+class ToolPinStore(Protocol):
+    """What the core reads and writes of the MCP tool pins (sql_tool_pins.py)."""
+
+    def tool_pins(self, agent_id: str) -> list[ToolPin]: ...
+    def tool_pin(self, agent_id: str, tool: str) -> ToolPin | None: ...
+    def put_tool_offer(self, agent_id: str, tool: str, upstream: str | None, sha256: str | None, definition: dict[str, Any] | None, now: datetime, *, exists: bool) -> None: ...
+    def put_tool_approval(self, agent_id: str, tool: str, approval: ToolApproval) -> None: ...
+
+
 STORE_PARTS: tuple[type, ...] = (ExecutionStore, StepStore, DispatchStore, AuditStore, SessionStore,
-                                 ResourceStore, ShadowStore)
+                                 ResourceStore, ShadowStore, ToolPinStore)
 
 
 @runtime_checkable
 class Transaction(ExecutionStore, StepStore, DispatchStore, AuditStore, SessionStore, ResourceStore, ShadowStore,
-                  Protocol):
+                  ToolPinStore, Protocol):
     """One transaction, every part: what a use case whose writes cross parts takes (a step's
     outcome appends events, updates the step and retires dispatches in one). A function that
     reads or writes one part takes that part."""

@@ -19,6 +19,7 @@ from kernel.domain.judge import JudgeAnswer, JudgeSpec
 from kernel.domain.limit import LimitOutcome
 from kernel.domain.policy_event import PolicyEventType
 from kernel.domain.step import Idempotency, Step, StepKind, StepStatus
+from kernel.domain.tool_pin import ToolApproval, ToolPin, ToolState
 
 __all__ = [
     "Agent",
@@ -46,6 +47,9 @@ __all__ = [
     "Step",
     "StepKind",
     "StepStatus",
+    "ToolApproval",
+    "ToolPin",
+    "ToolState",
     "Verdict",
     "resolve_judge",
 ]

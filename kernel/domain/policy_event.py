@@ -1,4 +1,5 @@
-"""The policy audit trail's event types: who changed which bundle decides, and the shadow beside it."""
+"""The policy audit trail's event types: who changed which bundle decides, the shadow beside it,
+and which MCP tool definitions were approved."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ class PolicyEventType(StrEnum):
     ROLLED_BACK = "policy.rolled_back"  # the previous active revision came back
     SHADOW_SET = "policy.shadow_set"  # a shadow bundle was set beside the active one
     SHADOW_CLEARED = "policy.shadow_cleared"  # the shadow bundle was removed
+    TOOL_APPROVED = "mcp.tool_approved"  # an MCP tool's definition was approved (pinned; docs/mcp.md)
 
     @property
     def changes_active(self) -> bool:

@@ -1,6 +1,6 @@
 """The gateway's HTTP face: MCP over streamable HTTP at /mcp/{agent}, the kernel's webhook at
-/webhooks/{agent}, /metrics, and the pin API; and the stdio runner for clients that launch
-`regent mcp --stdio` themselves."""
+/webhooks/{agent}, /metrics and /health; and the stdio runner for clients that launch
+`regent mcp --stdio` themselves. Tool pins are the kernel's (/v0/mcp/{agent}/tools)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from kernel.mcp.answers import JsonUnlessProgress, serving, wants_stream
 from kernel.mcp.catalog import Metrics
 from kernel.mcp.gateway import AgentGateway
 from kernel.mcp.leases import AgentLink, LeaseBook
-from kernel.mcp.pins import PinStore
+from kernel.mcp.pins import KernelPins
 from kernel.signing import verify_webhook_signature
 
 log = logging.getLogger("regent.mcp")
@@ -48,14 +48,14 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 class Gateways:
     """Every agent of the manifest that has an `mcp:` section, sharing one kernel client, one
-    lease book, one pin file and one metrics registry."""
+    lease book, one view of the kernel's tool pins and one metrics registry."""
 
-    def __init__(self, manifest: Manifest, kernel_url: str, *, kernel_token: str | None, admin_token: str | None,
+    def __init__(self, manifest: Manifest, kernel_url: str, *, kernel_token: str | None,
                  pins_path: Path | None, only: str | None = None, link: type[AgentLink] = AgentLink,
                  link_args: tuple[Any, ...] = ()):
-        self.kernel_url, self.kernel_token, self.admin_token = kernel_url, kernel_token, admin_token
+        self.kernel_url, self.kernel_token = kernel_url, kernel_token
         agents = [a for a in manifest.agents if a.mcp is not None and (only is None or a.id == only)]
-        self.pins = PinStore(pins_path, {a.id: a.mcp.pins for a in agents if a.mcp is not None})
+        self.pins = KernelPins(pins_path, {a.id: a.mcp.pins for a in agents if a.mcp is not None})
         self.metrics = Metrics()
         self.book = LeaseBook()
         self.http = httpx.AsyncClient(base_url=kernel_url, timeout=30.0,
@@ -73,8 +73,11 @@ class Gateways:
         """Start the upstreams in the background: the webhook must answer the kernel's deliveries
         at once (a restarted gateway that is slow to listen costs delivery attempts)."""
         self._starting = [asyncio.create_task(g.refresh()) for g in self.agents.values()]
+        self._pin_readers = [asyncio.create_task(g.keep_pins()) for g in self.agents.values()]
 
     async def close(self) -> None:
+        for task in getattr(self, "_pin_readers", []):
+            task.cancel()
         await self.book.close()
         for g in self.agents.values():
             await g.close()
@@ -106,38 +109,6 @@ class Gateways:
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "agents": sorted(self.agents)})
-
-    def _admin(self, request: Request) -> JSONResponse | AgentGateway:
-        if not self.admin_token:
-            return _error(403, "forbidden", "the pin API is off: start the gateway with REGENT_MCP_ADMIN_TOKEN")
-        auth = request.headers.get("authorization", "")
-        if auth[:7].lower() != "bearer " or not hmac.compare_digest(auth[7:].strip().encode(), self.admin_token.encode()):
-            return _error(401, "unauthorized", "missing or invalid bearer token")
-        gw = self.agents.get(request.path_params["agent_id"])
-        return gw if gw is not None else _error(404, "not_found", "no such agent on this gateway")
-
-    async def pins_list(self, request: Request) -> Response:
-        gw = self._admin(request)
-        if isinstance(gw, JSONResponse):
-            return gw
-        await gw.refresh()
-        return JSONResponse({"agent_id": gw.agent_id, "tools": gw.pin_report()})
-
-    async def pins_approve(self, request: Request) -> Response:
-        gw = self._admin(request)
-        if isinstance(gw, JSONResponse):
-            return gw
-        body = await _read_bounded(request, 64 * 1024)
-        try:
-            d = json.loads(body or b"")
-            tool, digest = d["tool"], d["sha256"]
-            assert isinstance(tool, str) and isinstance(digest, str)
-        except (ValueError, KeyError, TypeError, AssertionError):
-            return _error(400, "validation_error", 'body must be {"tool": <name>, "sha256": <hash>}')
-        if not gw.approve(tool, digest):
-            return _error(409, "conflict", f"{tool!r} is not offered with definition sha256 {digest!r} right now "
-                          "(list the pins again)")
-        return JSONResponse({"tool": tool, "sha256": digest, "state": "approved"})
 
     async def mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
         agent_id = scope.get("path_params", {}).get("agent_id", "")
@@ -231,8 +202,6 @@ class Gateways:
             Route("/webhooks/{agent_id}", self.webhook, methods=["POST"]),
             Route("/metrics", self.metrics_route, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
-            Route("/pins/{agent_id}", self.pins_list, methods=["GET"]),
-            Route("/pins/{agent_id}", self.pins_approve, methods=["POST"]),
         ])
 
 

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from mcp import types
 from prometheus_client import CollectorRegistry, Counter
 
 from kernel.manifest_mcp import McpAgent
-from kernel.mcp.pins import PinStore, definition_hash
+from kernel.mcp.pins import KernelPins, definition_hash, reportable
 from kernel.mcp.upstream import UpstreamConn
 
 # The states a listed tool can be in; only `approved` tools are offered and callable.
@@ -53,17 +54,23 @@ def namespaced(prefix: str, name: str) -> str:
     return f"{prefix}_{name}" if prefix else name
 
 
-def build(agent_id: str, cfg: McpAgent, upstreams: list[UpstreamConn], pins: PinStore) -> dict[str, Entry]:
-    """The catalog from the upstreams' last tools/list; with `trust_new_tools`, a tool seen for the
-    first time is pinned as it is (trust on first use)."""
+def build(agent_id: str, upstreams: list[UpstreamConn], pins: KernelPins) -> dict[str, Entry]:
+    """The catalog from the upstreams' last tools/list and the approvals the kernel last answered
+    (`trust_new_tools` is applied by the kernel, which records who trusted what)."""
     out: dict[str, Entry] = {}
     for up in upstreams:
         for tool in up.tools:
             name = namespaced(up.spec.prefix, tool.name)
             digest = definition_hash(tool.name, tool.description, tool.inputSchema)
-            pinned = pins.pinned(agent_id, name)
-            if pinned is None and cfg.trust_new_tools:
-                pins.approve(agent_id, name, digest)
-                pinned = digest
-            out.setdefault(name, Entry(name, up, tool, digest, pinned))
+            out.setdefault(name, Entry(name, up, tool, digest, pins.pinned(agent_id, name)))
     return out
+
+
+def report(cfg: McpAgent, catalog: dict[str, Entry], agent_pins: dict[str, str]) -> dict[str, Any]:
+    """What a gateway tells the kernel (POST /v0/mcp/{agent}/tools): each tool it is offered
+    that the kernel can hold, the manifest's pins and whether it trusts new tools."""
+    tools = [{"tool": e.name, "upstream": e.upstream.spec.prefix,
+              "definition": {"name": e.tool.name, "description": e.tool.description or "",
+                             "inputSchema": e.tool.inputSchema}}
+             for e in catalog.values() if reportable(e.name, e.tool.name, e.tool.description, e.tool.inputSchema)]
+    return {"tools": tools, "manifest_pins": agent_pins, "trust_new_tools": cfg.trust_new_tools}

@@ -22,15 +22,17 @@ from mcp.server.session import ServerSession
 
 from kernel.manifest_mcp import McpAgent
 from kernel.mcp.calls import Call, Caller, error_result
-from kernel.mcp.catalog import APPROVED, CHANGED, Entry, Metrics, build
+from kernel.mcp.catalog import APPROVED, CHANGED, Entry, Metrics, build, report
 from kernel.mcp.leases import AgentLink, LeaseBook, Slot
-from kernel.mcp.pins import PinStore
+from kernel.mcp.pins import KernelPins
 from kernel.mcp.upstream import CONNECT_TIMEOUT_SECONDS, UpstreamConn, UpstreamError
 
 log = logging.getLogger("regent.mcp")
 
 SESSION_KEY_HEADER = "x-regent-session-key"
 _MAX_SESSION_KEY = 200
+# How long a call to an unapproved tool waits for the kernel's fresh answer before it is refused.
+_PIN_SYNC_ON_REFUSAL_SECONDS = 5.0
 
 
 class GatewayError(McpError):
@@ -51,7 +53,7 @@ _CURRENT: contextvars.ContextVar[ClientSession | None] = contextvars.ContextVar(
 
 
 class AgentGateway:
-    def __init__(self, agent_id: str, cfg: McpAgent, link: AgentLink, book: LeaseBook, pins: PinStore,
+    def __init__(self, agent_id: str, cfg: McpAgent, link: AgentLink, book: LeaseBook, pins: KernelPins,
                  metrics: Metrics):
         self.agent_id, self.cfg, self.link, self.book, self.pins, self.metrics = agent_id, cfg, link, book, pins, metrics
         self.upstreams = [UpstreamConn(u, cfg.call_timeout_seconds, self._tools_changed) for u in cfg.upstreams]
@@ -62,6 +64,8 @@ class AgentGateway:
         self.stdio_session_key: str | None = None
         self.ready = asyncio.Event()
         self._validators: dict[str, Any] = {}
+        self._pin_sync: asyncio.Future[None] | None = None  # the report in flight: a burst of refusals shares it
+        self._pins_read_at = 0.0
 
     # -- the catalog ------------------------------------------------------------------------------
 
@@ -73,7 +77,8 @@ class AgentGateway:
                 log.warning("%s: %s", self.agent_id, e)
 
         await asyncio.gather(*(one(up) for up in self.upstreams))
-        self.catalog = build(self.agent_id, self.cfg, self.upstreams, self.pins)
+        self.catalog = build(self.agent_id, self.upstreams, self.pins)
+        await self.sync_pins()
         self.ready.set()
 
     async def _catalog(self) -> dict[str, Entry]:
@@ -84,21 +89,56 @@ class AgentGateway:
         return self.catalog
 
     def _tools_changed(self) -> None:
-        self.catalog = build(self.agent_id, self.cfg, self.upstreams, self.pins)
+        self.catalog = build(self.agent_id, self.upstreams, self.pins)
+
+        async def report_then_notify() -> None:
+            # The new definitions go to the kernel first, which may approve them (trust_new_tools),
+            # so a client listing on the notification sees them as the kernel decided.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.sync_pins(fresh=True), _PIN_SYNC_ON_REFUSAL_SECONDS)
+            self._notify()
+
+        asyncio.get_running_loop().create_task(_quietly(report_then_notify()))
+
+    def _notify(self) -> None:
         for s in list(self.live):
             asyncio.get_running_loop().create_task(_quietly(s.send_tool_list_changed()))
 
-    def pin_report(self) -> list[dict[str, Any]]:
-        return [{"tool": e.name, "upstream": e.upstream.spec.prefix, "state": e.state, "sha256": e.digest,
-                 "pinned": e.pinned, "description": e.tool.description or ""} for e in self.catalog.values()]
+    async def sync_pins(self, fresh: bool = False) -> None:
+        """Report the offered definitions to the kernel and take its approvals back; the catalog
+        is rebuilt and clients told when an approval changed (another replica's, an operator's).
+        A report in flight is shared, unless `fresh`: the catalog changed since it was sent."""
+        if fresh and self._pin_sync is not None and not self._pin_sync.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._pin_sync)
+        if self._pin_sync is None or self._pin_sync.done():
+            self._pin_sync = asyncio.ensure_future(self._sync_pins())
+        await asyncio.shield(self._pin_sync)
 
-    def approve(self, tool: str, digest: str) -> bool:
-        entry = self.catalog.get(tool)
-        if entry is None or entry.digest != digest:
-            return False
-        self.pins.approve(self.agent_id, tool, digest)
-        self._tools_changed()
-        return True
+    async def sync_pins_soon(self, newer_than_seconds: float = 1.0, fresh: bool = False) -> None:
+        """Re-read the approvals before answering, unless they were read within `newer_than_seconds`
+        (a client listing in a loop costs the kernel one report a second at most); a report in
+        flight is waited for. Bounded."""
+        in_flight = self._pin_sync is not None and not self._pin_sync.done()
+        if not in_flight and time.monotonic() - self._pins_read_at < newer_than_seconds:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.sync_pins(fresh), _PIN_SYNC_ON_REFUSAL_SECONDS)
+
+    async def _sync_pins(self) -> None:
+        self._pins_read_at = time.monotonic()
+        changed = await self.pins.sync(self.agent_id, self.link.report_tools,
+                                       report(self.cfg, self.catalog, self.pins.manifest_pins.get(self.agent_id, {})))
+        if changed:
+            self.catalog = build(self.agent_id, self.upstreams, self.pins)
+            self._notify()
+
+    async def keep_pins(self) -> None:
+        """Re-read the approvals every `pins_refresh_seconds` (docs/mcp.md)."""
+        while True:
+            await asyncio.sleep(self.cfg.pins_refresh_seconds)
+            with contextlib.suppress(Exception):
+                await self.sync_pins()
 
     # -- sessions ---------------------------------------------------------------------------------
 
@@ -179,7 +219,11 @@ class AgentGateway:
         @server.list_tools()  # type: ignore[untyped-decorator]
         async def list_tools() -> list[types.Tool]:
             await gw._session()
-            return [e.offered() for e in (await gw._catalog()).values() if e.state == APPROVED]
+            catalog = await gw._catalog()
+            if any(e.state != APPROVED for e in catalog.values()):
+                await gw.sync_pins_soon()  # a hidden tool may have been approved since the last refresh
+                catalog = gw.catalog
+            return [e.offered() for e in catalog.values() if e.state == APPROVED]
 
         async def call_tool(req: types.CallToolRequest) -> types.ServerResult:
             return types.ServerResult(await gw.call(req))
@@ -249,6 +293,11 @@ class AgentGateway:
         if entry is None:
             raise GatewayError(types.INVALID_PARAMS, f"unknown tool {name[:200]!r}")
         if entry.state != APPROVED:
+            # Approved since the last refresh (through another replica, the console)? Ask once,
+            # in a report sent now (one in flight may have been read before the approval).
+            await self.sync_pins_soon(0.0, fresh=True)
+            entry = self.catalog.get(name, entry)
+        if entry.state != APPROVED:
             return await self._unpinned(slot, entry)
         args = {k: v for k, v in (req.params.arguments or {}).items() if v is not None}  # the SDK's _strip_none
         try:
@@ -285,10 +334,11 @@ class AgentGateway:
             await self._note_refusal(slot, entry)
             return error_result(f"regent: tool {entry.name}'s definition changed since it was approved (pinned "
                                 f"sha256 {entry.pinned}, now {entry.digest}); calls are refused until an operator "
-                                f"approves it: regent mcp approve --agent {self.agent_id} --tool {entry.name} "
-                                f"--sha256 {entry.digest}")
+                                f"approves it (the console's MCP tools page, or regent mcp pins approve --agent "
+                                f"{self.agent_id} --tool {entry.name} --sha256 {entry.digest})")
         self.metrics.calls.labels(self.agent_id, entry.upstream.spec.prefix, "unapproved").inc()
-        return error_result(f"regent: tool {entry.name} has not been approved yet (sha256 {entry.digest})")
+        return error_result(f"regent: tool {entry.name} has not been approved yet (sha256 {entry.digest}); an "
+                            "operator approves it on the console's MCP tools page or with regent mcp pins approve")
 
     async def _note_refusal(self, slot: Slot, entry: Entry) -> None:
         """The refusal in the execution's timeline: a `local` step `mcp.definition_changed` failed

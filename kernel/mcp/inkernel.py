@@ -113,11 +113,11 @@ def _body(payload: Any) -> bytes:
 
 
 def mount(app: Any, host: Host, manifest: Manifest, *, kernel_url: str, kernel_token: str | None,
-          admin_token: str | None, pins_path: Path | None) -> Callable[[Any], Awaitable[Any]]:
+          pins_path: Path | None) -> Callable[[Any], Awaitable[Any]]:
     """Mount the gateway of every agent with an `mcp:` section on the kernel's app, under
     /mcp-gateway; returns the lifespan hook that runs it (kernel/api/app.py `lifespan_hooks`)."""
-    gws = Gateways(manifest, kernel_url, kernel_token=kernel_token, admin_token=admin_token, pins_path=pins_path,
-                   link=CoreLink, link_args=(host,))
+    gws = Gateways(manifest, kernel_url, kernel_token=kernel_token, pins_path=pins_path, link=CoreLink,
+                   link_args=(host,))
     app.router.routes.append(Mount(PREFIX, app=gws.app(lifespan=False)))
 
     async def hook(_app: Any) -> Callable[[], Awaitable[None]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import Counter
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 import httpx
 
 from kernel.gateway.kernel_client import Lease, post_signed
+from kernel.signing import sign_request
 
 log = logging.getLogger("regent.mcp")
 
@@ -61,6 +63,16 @@ class AgentLink:
 
     async def complete_execution(self, lease: Lease, output: Any) -> httpx.Response:
         return await self.signed(lease, f"/v0/executions/{lease.execution_id}/complete", {"output": output})
+
+    async def report_tools(self, report: Any) -> httpx.Response:
+        """The tools the agent's upstreams offer (docs/mcp.md, "Pinned tool definitions"), signed
+        as the agent outside any dispatch; the kernel answers the approved definitions."""
+        path = f"/v0/mcp/{self.agent_id}/tools"
+        body = json.dumps(report).encode("utf-8")
+        stamp = str(int(time.time()))
+        headers = {"Content-Type": "application/json", "Rebuno-Agent-Id": self.agent_id, "Rebuno-Timestamp": stamp,
+                   "Rebuno-Signature": sign_request(self.secret, "POST", path, stamp, body=body)}
+        return await self.http.post(path, content=body, headers=headers, timeout=10.0)
 
     async def create_execution(self, token: str | None, input: Any, idempotency_key: str | None) -> httpx.Response:
         body: dict[str, Any] = {"agent_id": self.agent_id, "input": input}

@@ -1,6 +1,6 @@
 """The audit and rollout tables: the durable decision record (its journal and hourly rollup),
-shadow bundles with their tallies and disagreements, and the policy audit trail (docs/audit.md,
-docs/policy-rollout.md). Declared apart from the execution tables in `tables`, which names them too."""
+shadow bundles with their tallies and disagreements, the policy audit trail and the MCP tool pins
+(docs/audit.md, docs/policy-rollout.md, docs/mcp.md). Declared apart from the execution tables in `tables`, which names them too."""
 
 from __future__ import annotations
 
@@ -153,6 +153,29 @@ class PolicyEventRow(SQLModel, table=True):
     occurred_at: datetime = ts()
 
 
+class ToolPinRow(SQLModel, table=True):
+    """An agent's MCP tool (docs/mcp.md, "Pinned tool definitions"): the definition the gateways
+    last reported offering and the one approved, with who approved it; the approvals themselves
+    are events of the policy audit trail (`mcp.tool_approved`)."""
+
+    __tablename__ = "mcp_tool_pins"
+
+    agent_id: str = Field(
+        sa_column=Column(String(200), ForeignKey("agents.id", ondelete="CASCADE"), primary_key=True)
+    )
+    tool: str = Field(sa_column=Column(String(200), primary_key=True))
+    upstream: str | None = Field(default=None, sa_column=Column(String(64)))
+    offered_sha256: str | None = Field(default=None, sa_column=Column(String(64)))
+    offered_definition: str | None = text_field()  # canonical JSON, ASCII (an upstream's text is hostile)
+    offered_at: datetime | None = ts(nullable=True)
+    approved_sha256: str | None = Field(default=None, sa_column=Column(String(64)))
+    approved_definition: str | None = text_field()  # as offered when approved (None from a manifest pin)
+    approved_by: str | None = text_field()
+    approved_credential: str | None = Field(default=None, sa_column=Column(String(16)))
+    approved_via: str | None = Field(default=None, sa_column=Column(String(24)))
+    approved_at: datetime | None = ts(nullable=True)
+
+
 decisions = DecisionRow.__table__  # type: ignore[attr-defined]
 decision_rollup = DecisionRollupRow.__table__  # type: ignore[attr-defined]
 decision_rollup_hours = DecisionRollupHourRow.__table__  # type: ignore[attr-defined]
@@ -169,3 +192,4 @@ policy_shadows = PolicyShadowRow.__table__  # type: ignore[attr-defined]
 shadow_tallies = ShadowTallyRow.__table__  # type: ignore[attr-defined]
 shadow_disagreements = ShadowDisagreementRow.__table__  # type: ignore[attr-defined]
 policy_events = PolicyEventRow.__table__  # type: ignore[attr-defined]
+mcp_tool_pins = ToolPinRow.__table__  # type: ignore[attr-defined]

@@ -284,6 +284,12 @@ def _inbox_index(conn: Connection) -> None:
         conn.execute(text("CREATE INDEX ix_approvals_decided ON approvals (decided_at, id)"))
 
 
+def _mcp_tool_pins(conn: Connection) -> None:
+    # 016 (docs/mcp.md, "Pinned tool definitions"): the MCP tools' offered and approved definitions,
+    # held by the kernel so every gateway replica reads the same approvals. A new table only.
+    t.mcp_tool_pins.create(conn, checkfirst=True)
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "initial schema", _initial),
     Migration(2, "dispatch lease expiry", _dispatch_lease_expiry),
@@ -300,6 +306,7 @@ MIGRATIONS: list[Migration] = [
     Migration(13, "indexes for the sweeps: retention, approval expiry, suspended parents", _sweep_indexes),
     Migration(14, "steps: no index on execution_id alone (the unique key's leads with it)", _steps_by_key_only),
     Migration(15, "an index of approvals by decision time (the inbox's poll)", _inbox_index),
+    Migration(16, "MCP tool pins held by the kernel", _mcp_tool_pins),
 ]
 LATEST = MIGRATIONS[-1].version
 

@@ -30,6 +30,7 @@ from kernel.store.sql_resource import ResourceQueries
 from kernel.store.sql_session import SessionQueries
 from kernel.store.sql_shadow import ShadowQueries
 from kernel.store.sql_steps import StepQueries
+from kernel.store.sql_tool_pins import ToolPinQueries
 from kernel.store.statements import (
     ACTIVE_POLICY_REF,
     D_COLS,
@@ -48,7 +49,8 @@ from kernel.store.statements import (
 )
 
 
-class Tx(StepQueries, DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQueries):
+class Tx(StepQueries, DispatchQueries, AuditQueries, SessionQueries, ResourceQueries, ShadowQueries,
+         ToolPinQueries):
     """One open transaction. Every method is a single round trip or a small batch."""
 
     def __init__(self, store: Dialect, conn: Connection, escalate: Callable[[], Connection] | None = None,

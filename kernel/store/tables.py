@@ -32,6 +32,7 @@ from kernel.store.audit_tables import (
     decision_rollup,
     decision_rollup_hours,
     decisions,
+    mcp_tool_pins,
     policy_events,
     policy_shadows,
     shadow_disagreements,
@@ -362,7 +363,8 @@ metadata = SQLModel.metadata
 # Every table, and the column type the statements bind with: the store's one namespace.
 __all__ = [
     "UTCDateTime", "agents", "api_keys", "approvals", "decision_journal", "decision_rollup", "decision_rollup_hours",
-    "decisions", "dispatch_step_counters", "dispatches", "events", "executions", "fork_bundles", "metadata",
+    "decisions", "dispatch_step_counters", "dispatches", "events", "executions", "fork_bundles", "mcp_tool_pins",
+    "metadata",
     "policy_events", "policy_revisions", "policy_shadows", "request_signatures", "resource_checkpoints", "resources",
     "schema_version", "shadow_disagreements", "shadow_tallies", "steps",
 ]

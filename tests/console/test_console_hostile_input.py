@@ -139,3 +139,29 @@ def test_re_activating_a_revision_no_store_could_hold_is_a_400(server: ServerThr
     finally:
         c.close()
     assert r.status_code == 400, r.text[:300]
+
+
+@pytest.mark.parametrize("query", [f"tool=a{NUL}b&sha256=" + "0" * 64, "tool=" + "x" * 201, "tool=&sha256=",
+                                   "tool=a%0Ab"],
+                         ids=["tool-nul", "tool-long", "tool-empty", "tool-newline"])
+@pytest.mark.parametrize("agent", ["shell", "a%00b"], ids=["agent", "agent-nul"])
+def test_an_mcp_approval_page_for_a_tool_name_no_store_could_hold_is_a_400(server: ServerThread, query: str,
+                                                                            agent: str) -> None:
+    r = _get(server, f"/console/mcp/{agent}/approve?{query}")
+    assert r.status_code == 400, r.text[:300]
+
+
+def test_an_mcp_approval_post_for_a_hostile_tool_name_approves_nothing_and_is_a_400(server: ServerThread,
+                                                                                     running: Running) -> None:
+    c, csrf = _form(server)
+    try:
+        r = c.post("/console/mcp/shell/approve", data={"csrf": csrf, "tool": "a\x00b", "sha256": "0" * 64,
+                                                       "confirm": "yes"})
+    finally:
+        c.close()
+    assert r.status_code == 400, r.text[:300]
+
+
+def test_the_mcp_tools_page_of_an_unknown_agent_is_a_404_and_a_nul_a_400(server: ServerThread) -> None:
+    assert _get(server, "/console/mcp?agent_id=nobody").status_code == 404
+    assert _get(server, f"/console/mcp?agent_id=a{NUL}").status_code == 400

@@ -25,7 +25,6 @@ from tests.support import free_port
 UPSTREAM = Path(__file__).with_name("upstream_server.py")
 SECRET = "mcp-agent-secret"
 CLIENT_TOKEN = "mcp-client-token-0123456789"
-ADMIN_TOKEN = "mcp-admin-token-0123456789"
 
 POLICY = """\
     policy:
@@ -104,7 +103,7 @@ class GatewayProc(Proc):
         self.url = f"http://127.0.0.1:{port}"
         argv = [sys.executable, "-m", "kernel", "mcp", "serve", "--config", str(config), "--kernel", kernel_url,
                 "--port", str(port), "--pins-file", str(pins)]
-        super().__init__(argv, clean_env(REGENT_MCP_ADMIN_TOKEN=ADMIN_TOKEN, REGENT_LOG_LEVEL="warning"), log)
+        super().__init__(argv, clean_env(REGENT_LOG_LEVEL="warning"), log)
         wait_for(self._healthy, f"regent mcp on {self.url}\n{self.output()}", timeout=60)
 
     def _healthy(self) -> bool:

@@ -268,12 +268,17 @@ def test_a_client_needs_the_agent_token_and_no_gateway_secret_reaches_the_upstre
 
 
 def test_a_changed_definition_is_hidden_and_refused_until_approved_and_new_tools_wait_for_approval(env: Env) -> None:
-    from tests.mcp.conftest import ADMIN_TOKEN, CLIENT_TOKEN
+    from tests.mcp.conftest import CLIENT_TOKEN
 
-    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    report = httpx.get(f"{env.gateway.url}/pins/guarded", headers=admin, timeout=30).json()["tools"]
-    states = {t["tool"]: t for t in report}
+    # The gateway reports what its upstreams offer to the kernel, which holds the pins.
+    def reported() -> dict[str, Any] | None:
+        tools = env.api.http.get("/v0/mcp/guarded/tools").json().get("tools", [])
+        states = {t["tool"]: t for t in tools}
+        return states if "fs_write_file" in states else None
+
+    states = wait_for(reported, "the gateway's report of guarded's tools")
     assert states["fs_read_file"]["state"] == "changed"  # the manifest pinned another definition
+    assert states["fs_read_file"]["approved_via"] == "manifest"
     assert states["fs_write_file"]["state"] == "new"  # trust_new_tools is off for this agent
 
     async def listed_and_called() -> tuple[set[str], Any]:
@@ -294,15 +299,20 @@ def test_a_changed_definition_is_hidden_and_refused_until_approved_and_new_tools
     assert noted[0]["error"]["reason"] == "tool_definition_changed"
 
     for tool in ("fs_read_file", "fs_write_file"):
-        r = httpx.post(f"{env.gateway.url}/pins/guarded", headers=admin, timeout=30,
-                       json={"tool": tool, "sha256": states[tool]["sha256"]})
+        r = env.api.http.post("/v0/mcp/guarded/tools/approve", json={"tool": tool, "sha256": states[tool]["sha256"]})
         assert r.status_code == 200, r.text
-    bad = httpx.post(f"{env.gateway.url}/pins/guarded", headers=admin, json={"tool": "fs_big", "sha256": "0" * 64})
-    assert bad.status_code == 409
-    names, allowed = run(listed_and_called())
-    assert {"fs_read_file", "fs_write_file"} <= names and not allowed.isError
-    pinned = collections.Counter(t["state"] for t in
-                                 httpx.get(f"{env.gateway.url}/pins/guarded", headers=admin, timeout=30).json()["tools"])
+    bad = env.api.http.post("/v0/mcp/guarded/tools/approve", json={"tool": "fs_big", "sha256": "0" * 64})
+    assert bad.status_code == 409  # not the definition offered: no approving what no one has seen
+
+    async def called_and_listed() -> tuple[set[str], Any]:
+        async with mcp_session(url(env, "guarded"), token=CLIENT_TOKEN) as s:
+            # The call re-reads the approvals (it would be refused otherwise); the list then has them.
+            called = await s.call_tool("fs_read_file", {"path": "x"})
+            return {t.name for t in (await s.list_tools()).tools}, called
+
+    names, allowed = run(called_and_listed())
+    assert {"fs_read_file", "fs_write_file"} <= names and not allowed.isError, text(allowed)
+    pinned = collections.Counter(t["state"] for t in env.api.http.get("/v0/mcp/guarded/tools").json()["tools"])
     assert pinned["approved"] == 2
 
 

@@ -402,3 +402,24 @@ def test_version_12_database_migrates_and_gets_the_sweeps_indexes(empty_store: S
     with store.engine.connect() as c:
         for table, name in names:
             assert name in {i["name"] for i in inspect(c).get_indexes(table)}
+
+
+def test_version_15_database_migrates_and_gets_the_mcp_tool_pins_table(empty_store: SqlStore) -> None:
+    from sqlalchemy import inspect
+
+    from kernel.domain import ToolApproval
+
+    store = empty_store
+    migrate(store)
+    with store.engine.begin() as c:
+        c.execute(text("DROP TABLE mcp_tool_pins"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 15))
+        assert not inspect(c).has_table("mcp_tool_pins")
+    assert [m.version for m in migrate(store)] == list(range(16, LATEST + 1))
+    with store.transaction() as tx:  # the new table takes rows
+        tx.upsert_agent(Agent(id="files", webhook_url="http://127.0.0.1:9/h", secret="s", registered_at=T0))
+        tx.put_tool_offer("files", "fs_read", "fs", "a" * 64, {"name": "read"}, T0, exists=False)
+        tx.put_tool_approval("files", "fs_read", ToolApproval("a" * 64, "alice", "key", "api", T0))
+    with store.read() as tx:
+        [pin] = tx.tool_pins("files")
+    assert pin.state == "approved" and pin.approved is not None and pin.approved.by == "alice"

@@ -18,7 +18,7 @@ def test_a_transaction_is_every_store_part_the_core_names(store: SqlStore) -> No
     with store.read() as tx:
         missing = [part.__name__ for part in STORE_PARTS if not isinstance(tx, part)]
     assert missing == []
-    assert len(STORE_PARTS) == 7
+    assert len(STORE_PARTS) == 8
 
 
 def test_the_store_is_what_the_core_opens_and_its_transactions_have_every_part(store: SqlStore) -> None:
