@@ -19,6 +19,7 @@ from kernel.core.leases import check_attempt, park_until
 from kernel.core.ports import LimitOutcome, ShadowObservation
 from kernel.core.usage import parse_usage
 from kernel.domain import (
+    Answer,
     Approval,
     ApprovalStatus,
     Decision,
@@ -74,7 +75,7 @@ class StepRequest:
 class StepAnswer:
     """The decision object of the v0 API; empty fields are omitted on the wire."""
 
-    decision: str
+    decision: Answer
     step_id: str | None = None
     result: Any = _UNSET
     error: Any = None
@@ -145,7 +146,7 @@ def _submit_step(
         e0, d, occurrence, at = tx.submit_context(execution_id, dispatch_id, req.kind, req.target, req.args_hash)
         e = owned(e0, agent_id)
         if e.status.is_terminal:
-            return StepAnswer("execution_terminal")
+            return StepAnswer(Answer.EXECUTION_TERMINAL)
         if d is None or d.execution_id != execution_id or d.attempt != attempt or d.status != DispatchStatus.IN_FLIGHT:
             raise LeaseSuperseded()
         sid = compute_step_id(execution_id, req.kind, req.target, req.args_hash, occurrence)
@@ -160,13 +161,13 @@ def _submit_step(
             answer = _answer_existing(tx, existing, req, now)
             tx.advance_counter(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
         elif e.status == ExecutionStatus.BLOCKED:
-            return StepAnswer("execution_blocked")
+            return StepAnswer(Answer.EXECUTION_BLOCKED)
         else:
             # A step recorded now advances its counter with its own writes (`_record`).
             answer = _decide_new(k, tx, e, sid, occurrence, req, dispatch_id, attempt, now, judged, seen)
             if not answer.recorded:
                 return answer
-        if declared is not None and answer.decision == "proceed":
+        if declared is not None and answer.decision == Answer.PROCEED:
             answer = dataclasses.replace(
                 answer, resources=resources.advance(tx, execution_id, declared, bump=existing is None))
         return answer
@@ -214,26 +215,26 @@ def _answer_existing(tx: Tx, s: Step, req: StepRequest, now: datetime) -> StepAn
     """The replay table: answer from the stored status without consulting policy."""
     sid = s.step_id
     if s.status == StepStatus.SUCCEEDED:
-        return StepAnswer("replay", sid, result=s.result)
+        return StepAnswer(Answer.REPLAY, sid, result=s.result)
     if s.status == StepStatus.FAILED:
-        return StepAnswer("replay", sid, error=s.error)
+        return StepAnswer(Answer.REPLAY, sid, error=s.error)
     if s.status == StepStatus.DENIED:
         reason = s.error.get("reason") if isinstance(s.error, dict) else None
         rule = s.error.get("rule_id") if isinstance(s.error, dict) else None
-        return StepAnswer("denied", sid, reason=reason or "policy_denied", rule_id=rule)
+        return StepAnswer(Answer.DENIED, sid, reason=reason or "policy_denied", rule_id=rule)
     if s.status == StepStatus.AWAITING_APPROVAL:
         a = tx.pending_approval_for_step(sid)
-        return StepAnswer("blocked", sid, approval_id=a.id if a else None)
+        return StepAnswer(Answer.BLOCKED, sid, approval_id=a.id if a else None)
     if s.status in (StepStatus.ALLOWED, StepStatus.PROPOSED):
         tx.update_step(sid, status=StepStatus.EXECUTING, started_at=now)
         tx.append(s.execution_id, now, [ev.step(EventType.STEP_EXECUTING, sid, s.kind, s.target)])
-        return StepAnswer("proceed", sid)
+        return StepAnswer(Answer.PROCEED, sid)
     if s.status == StepStatus.EXECUTING and req.idempotency == Idempotency.AT_MOST_ONCE:
         # Orphaned: the body may have run. Never run it twice; report the unknown outcome.
         tx.update_step(sid, status=StepStatus.FAILED, error=INDETERMINATE_ERROR, completed_at=now)
         tx.append(s.execution_id, now, [ev.step(EventType.STEP_FAILED, sid, s.kind, s.target, error=INDETERMINATE_ERROR)])
-        return StepAnswer("replay", sid, error=INDETERMINATE_ERROR)
-    return StepAnswer("proceed", sid)  # executing & safe to retry (or unreachable states)
+        return StepAnswer(Answer.REPLAY, sid, error=INDETERMINATE_ERROR)
+    return StepAnswer(Answer.PROCEED, sid)  # executing & safe to retry (or unreachable states)
 
 
 def _decide_new(
@@ -334,7 +335,7 @@ def _apply_rate_limit(
     limited = _rate_limited_event(sid, req, d, "rate_limit_exceeded")
     queued = park_until(k, tx, e.id, now, wait)
     tx.append(e.id, now, [limited, queued], decision=_limited_record(k, e, sid, req, d, "rate_limit_exceeded", now))
-    return StepAnswer("blocked", reason="rate_limit_exceeded", decided_rule=d.rule_id)
+    return StepAnswer(Answer.BLOCKED, reason="rate_limit_exceeded", decided_rule=d.rule_id)
 
 
 def _limited_record(
@@ -359,7 +360,7 @@ def _refuse(
     _renew(tx, dispatch_id, e.id, attempt, now)
     tx.append(e.id, now, [_rate_limited_event(sid, req, d, reason)],
               decision=_limited_record(k, e, sid, req, d, reason, now))
-    return StepAnswer("rate_limited", reason=reason, decided_rule=d.rule_id)
+    return StepAnswer(Answer.RATE_LIMITED, reason=reason, decided_rule=d.rule_id)
 
 
 FORK_EFFECT_RULE = "__fork_effect"
@@ -400,7 +401,7 @@ def _record(
             ev.step(EventType.STEP_EXECUTING, sid, req.kind, req.target),
         ], decision=record(DecisionOutcome.ALLOWED), step=(row(StepStatus.EXECUTING, started_at=now), req.args_text),
             counter=counter)
-        return StepAnswer("proceed", sid, decided_rule=d.rule_id)
+        return StepAnswer(Answer.PROCEED, sid, decided_rule=d.rule_id)
     if d.verdict == Verdict.DENY:
         reason = d.reason or "policy_denied"
         error = {"reason": reason, "rule_id": d.rule_id}
@@ -410,7 +411,7 @@ def _record(
             ev.step(EventType.STEP_DENIED, sid, req.kind, req.target, error=error, **fields),
         ], decision=record(DecisionOutcome.DENIED, reason),
             step=(row(StepStatus.DENIED, error=error, completed_at=now), req.args_text), counter=counter)
-        return StepAnswer("denied", sid, reason=reason, rule_id=d.rule_id, decided_rule=d.rule_id)
+        return StepAnswer(Answer.DENIED, sid, reason=reason, rule_id=d.rule_id, decided_rule=d.rule_id)
     # require_approval: the execution blocks and its lease is released until a human decides.
     cfg = d.approval
     timeout = cfg.timeout_seconds if cfg and cfg.timeout_seconds > 0 else k.approval_timeout
@@ -431,7 +432,7 @@ def _record(
         ev.approval(EventType.APPROVAL_REQUESTED, a, "pending"),
         ev.execution(EventType.EXECUTION_BLOCKED, e.id, ExecutionStatus.BLOCKED),
     ], status=ExecutionStatus.BLOCKED, decision=record(DecisionOutcome.AWAITING_APPROVAL), counter=counter)
-    return StepAnswer("blocked", sid, approval_id=a.id, decided_rule=d.rule_id)
+    return StepAnswer(Answer.BLOCKED, sid, approval_id=a.id, decided_rule=d.rule_id)
 
 
 def record_outcome(
@@ -450,14 +451,14 @@ def record_outcome(
         if s is None or s.execution_id != execution_id:
             raise NotFound("step not found")
         if e.status.is_terminal:
-            return StepAnswer("execution_terminal")
+            return StepAnswer(Answer.EXECUTION_TERMINAL)
         if s.status.is_terminal:
             # The stored outcome, whichever call this is, as the submit route's replay answers it:
             # a succeeded step's result, any other terminal step's error, never `"result": null`
             # for a step that failed (rebuno-v0 §2.1: empty fields are omitted).
             if s.status == StepStatus.SUCCEEDED:
-                return StepAnswer("replay", result=s.result)
-            return StepAnswer("replay", error=s.error)
+                return StepAnswer(Answer.REPLAY, result=s.result)
+            return StepAnswer(Answer.REPLAY, error=s.error)
         if s.status != StepStatus.EXECUTING:
             raise Conflict(f"conflict: cannot record outcome for step in status {s.status.value}")
         check_attempt(d, execution_id, attempt)
@@ -467,7 +468,7 @@ def record_outcome(
             seq = tx.append(execution_id, now, [ev.step(EventType.STEP_FAILED, step_id, s.kind, s.target, error=error)],
                             outcome=(step_id, {"status": StepStatus.FAILED, "error": error, "completed_at": now}))
             resources.record_captures(tx, execution_id, now, captures or [], capture_failures or [], at_seq=seq)
-            return StepAnswer("recorded")
+            return StepAnswer(Answer.RECORDED)
         usage = parse_usage(result) if s.kind == StepKind.LLM_CALL else None
         values: dict[str, Any] = {"status": StepStatus.SUCCEEDED, "result": result, "completed_at": now}
         extra: dict[str, Any] = {}
@@ -478,7 +479,7 @@ def record_outcome(
         seq = tx.append(execution_id, now, [ev.step(EventType.STEP_SUCCEEDED, step_id, s.kind, s.target, **extra)],
                         outcome=(step_id, values))
         resources.record_captures(tx, execution_id, now, captures or [], capture_failures or [], at_seq=seq)
-        return StepAnswer("recorded")
+        return StepAnswer(Answer.RECORDED)
 
 
 def get_step(k: Kernel, execution_id: str, step_id: str, agent_id: str | None) -> Step:

@@ -18,10 +18,11 @@ from kernel.domain.execution import Execution, ExecutionStatus
 from kernel.domain.judge import JudgeAnswer, JudgeSpec
 from kernel.domain.limit import LimitOutcome
 from kernel.domain.policy_event import PolicyEventType
-from kernel.domain.step import Idempotency, Step, StepKind, StepStatus
+from kernel.domain.step import Answer, Idempotency, Step, StepKind, StepStatus
 
 __all__ = [
     "Agent",
+    "Answer",
     "Approval",
     "ApprovalConfig",
     "ApprovalStatus",
