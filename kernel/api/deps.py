@@ -11,8 +11,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import compile_path, request_response
 
-from kernel.api.auth import Authenticator
+from kernel.api.auth import AgentCall, Authenticator
 from kernel.core.kernel import Kernel
+from kernel.domain import Lease
 from kernel.errors import ValidationError
 from kernel.ids import parse_uuid, whole_number
 from kernel.lane import call, call_hot, long_lived  # noqa: F401 - the routers take them from here
@@ -45,8 +46,10 @@ def step_param(value: str) -> str:
     return check_text(value, "step id").lower()
 
 
-def lease(dispatch_id: str | None, attempt: str | None) -> tuple[str, int]:
-    """The two dispatch headers → (canonical dispatch id, attempt ≥ 1), or 400."""
+def lease(a: AgentCall, execution_id: str) -> Lease:
+    """The agent's lease on `execution_id`, from its two dispatch headers (a canonical dispatch id,
+    an attempt ≥ 1), or 400."""
+    dispatch_id, attempt = a.dispatch_id, a.dispatch_attempt
     if not dispatch_id:
         raise ValidationError("validation error: bad or missing Rebuno-Dispatch-Id")
     try:
@@ -56,7 +59,7 @@ def lease(dispatch_id: str | None, attempt: str | None) -> tuple[str, int]:
     n = whole_number((attempt or "").strip())
     if n is None or n < 1:
         raise ValidationError("validation error: bad or missing Rebuno-Dispatch-Attempt")
-    return did, n
+    return Lease(a.agent_id, execution_id, did, n)
 
 
 class LeanRoute(APIRoute):

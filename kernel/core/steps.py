@@ -15,7 +15,7 @@ from kernel.core import resources
 from kernel.core.audit import policy_record
 from kernel.core.executions import load_owned, owned
 from kernel.core.kernel import Kernel
-from kernel.core.leases import check_attempt, park_until
+from kernel.core.leases import check_attempt, park_until, require_live_lease
 from kernel.core.ports import LimitOutcome, ShadowObservation
 from kernel.core.usage import parse_usage
 from kernel.domain import (
@@ -31,6 +31,7 @@ from kernel.domain import (
     ExecutionStatus,
     JudgeAnswer,
     JudgeSpec,
+    Lease,
     PolicyInput,
     Step,
     StepKind,
@@ -108,17 +109,16 @@ class StepAnswer:
 
 
 def submit_step(
-    k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest,
-    judged: Mapping[str, JudgeAnswer] | None = None,
+    k: Kernel, lease: Lease, req: StepRequest, judged: Mapping[str, JudgeAnswer] | None = None,
 ) -> StepAnswer:
     """Replay or decide one step. A judge rule's first pass raises JudgeNeeded; the second pass
     takes the judge's answer by rule id in `judged` (a rule other than the one asked about, say
     after a bundle change in between, is resolved as if the judge were unavailable)."""
     # The shadow bundle is evaluated after the answer has committed, off this thread: here it
     # costs one dict lookup, and a queue put for the steps the active bundle decided.
-    seen = _Seen() if k.shadow.wants(agent_id) else None
+    seen = _Seen() if k.shadow.wants(lease.agent_id) else None
     with dlog.collect(k):  # decision-log entries leave only once the transaction has committed
-        answer = _submit_step(k, agent_id, execution_id, dispatch_id, attempt, req, judged, seen)
+        answer = _submit_step(k, lease, req, judged, seen)
     if seen is not None and seen.observation is not None:
         observation = seen.observation
         k.store.after_commit(lambda: k.shadow.observe(observation))
@@ -136,18 +136,31 @@ class _Seen:
         self.limit: LimitOutcome | None = None
 
 
+class _Submit:
+    """One submit's values, which every helper deciding a new step reads: the kernel, the
+    transaction, the caller's lease, the request, the clock's reading, the execution as read under
+    its lock, the step's id and occurrence, and what the shadow needs (None when it does not)."""
+
+    __slots__ = ("e", "k", "lease", "now", "occurrence", "req", "seen", "sid", "tx")
+
+    def __init__(self, k: Kernel, tx: Tx, lease: Lease, req: StepRequest, now: datetime, e: Execution,
+                 sid: str, occurrence: int, seen: _Seen | None) -> None:
+        self.k, self.tx, self.lease, self.req, self.now = k, tx, lease, req, now
+        self.e, self.sid, self.occurrence, self.seen = e, sid, occurrence, seen
+
+
 def _submit_step(
-    k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest,
-    judged: Mapping[str, JudgeAnswer] | None,
-    seen: _Seen | None,
+    k: Kernel, lease: Lease, req: StepRequest, judged: Mapping[str, JudgeAnswer] | None, seen: _Seen | None,
 ) -> StepAnswer:
     now = k.clock.now()
+    execution_id, dispatch_id = lease.execution_id, lease.dispatch_id
     with k.store.transaction(lock=execution_id) as tx:
         e0, d, occurrence, at = tx.submit_context(execution_id, dispatch_id, req.kind, req.target, req.args_hash)
-        e = owned(e0, agent_id)
+        e = owned(e0, lease.agent_id)
         if e.status.is_terminal:
             return StepAnswer(Answer.EXECUTION_TERMINAL)
-        if d is None or d.execution_id != execution_id or d.attempt != attempt or d.status != DispatchStatus.IN_FLIGHT:
+        if (d is None or d.execution_id != execution_id or d.attempt != lease.attempt
+                or d.status != DispatchStatus.IN_FLIGHT):
             raise LeaseSuperseded()
         sid = compute_step_id(execution_id, req.kind, req.target, req.args_hash, occurrence)
         declared = resources.require_registered(tx, execution_id, req.resources) if req.resources else None
@@ -157,14 +170,14 @@ def _submit_step(
         if existing is None and e.forked_from is not None:
             existing = _lent(tx, e, sid, occurrence, req, now)
         if existing is not None:
-            _renew(tx, dispatch_id, execution_id, attempt, now)
+            require_live_lease(tx, lease, now)
             answer = _answer_existing(tx, existing, req, now)
             tx.advance_counter(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
         elif e.status == ExecutionStatus.BLOCKED:
             return StepAnswer(Answer.EXECUTION_BLOCKED)
         else:
             # A step recorded now advances its counter with its own writes (`_record`).
-            answer = _decide_new(k, tx, e, sid, occurrence, req, dispatch_id, attempt, now, judged, seen)
+            answer = _decide_new(_Submit(k, tx, lease, req, now, e, sid, occurrence, seen), judged)
             if not answer.recorded:
                 return answer
         if declared is not None and answer.decision == Answer.PROCEED:
@@ -204,13 +217,6 @@ def _lent(tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest, now
     return s
 
 
-def _renew(tx: Tx, dispatch_id: str, execution_id: str, attempt: int, now: datetime) -> None:
-    """Re-check and renew the lease inside the transaction that records the answer, so a reclaim
-    that landed since the entry check fails the whole write with 409 and leaves no trace."""
-    if not tx.renew_lease(dispatch_id, execution_id, attempt, now):
-        raise LeaseSuperseded()
-
-
 def _answer_existing(tx: Tx, s: Step, req: StepRequest, now: datetime) -> StepAnswer:
     """The replay table: answer from the stored status without consulting policy."""
     sid = s.step_id
@@ -237,11 +243,8 @@ def _answer_existing(tx: Tx, s: Step, req: StepRequest, now: datetime) -> StepAn
     return StepAnswer(Answer.PROCEED, sid)  # executing & safe to retry (or unreachable states)
 
 
-def _decide_new(
-    k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest,
-    dispatch_id: str, attempt: int, now: datetime, judged: Mapping[str, JudgeAnswer] | None,
-    seen: _Seen | None = None,
-) -> StepAnswer:
+def _decide_new(c: _Submit, judged: Mapping[str, JudgeAnswer] | None) -> StepAnswer:
+    k, tx, e, sid, req, now, seen = c.k, c.tx, c.e, c.sid, c.req, c.now, c.seen
     usage_in, usage_out = e.usage_input, e.usage_output  # read with the row, under the lock
     inp = PolicyInput(
         agent_id=e.agent_id,
@@ -270,7 +273,7 @@ def _decide_new(
         decision = k.policy.decide(inp, tx=tx, bundle_id=e.fork_bundle_id)
         if decision.judge is not None:
             decision = _judged(decision, inp, judged)
-        limited = _apply_rate_limit(k, tx, e, sid, req, decision, dispatch_id, attempt, now, seen)
+        limited = _apply_rate_limit(c, decision)
         if limited is not None:
             dlog.note_step(k, e, sid, inp, decision, EventType.STEP_RATE_LIMITED.value, now,
                            outcome=limited.decision, reason=limited.reason)
@@ -286,9 +289,10 @@ def _decide_new(
             seen.observation = ShadowObservation(e.id, sid, now, inp, decision, final.verdict.value,
                                                  seen.limit_key, seen.limit)
         decision = final
-    _renew(tx, dispatch_id, e.id, attempt, now)
-    answer = _record(k, tx, e, sid, occurrence, req, decision, now,
-                     counter=(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1))
+    # The lease is checked again inside the transaction that records the answer, so a reclaim
+    # that landed since the entry check fails the whole write with 409 and leaves no trace.
+    require_live_lease(tx, c.lease, now)
+    answer = _record(c, decision)
     dlog.note_step(k, e, sid, inp, decision, _DECISION_EVENTS[decision.verdict].value, now)
     return answer
 
@@ -308,10 +312,8 @@ def _judged(d: Decision, inp: PolicyInput, judged: Mapping[str, JudgeAnswer] | N
     return resolve_judge(d, answer)
 
 
-def _apply_rate_limit(
-    k: Kernel, tx: Tx, e: Execution, sid: str, req: StepRequest, d: Decision,
-    dispatch_id: str, attempt: int, now: datetime, seen: _Seen | None = None,
-) -> StepAnswer | None:
+def _apply_rate_limit(c: _Submit, d: Decision) -> StepAnswer | None:
+    k, tx, e, seen = c.k, c.tx, c.e, c.seen
     spec = d.rate_limit
     if spec is None or not spec.active:
         return None
@@ -321,45 +323,40 @@ def _apply_rate_limit(
         seen.limit_key, seen.limit = key, outcome
     if outcome.error is not None:
         if spec.on_limiter_error == "deny":
-            return _refuse(k, tx, e, sid, req, d, "rate_limiter_unavailable", dispatch_id, attempt, now)
+            return _refuse(c, d, "rate_limiter_unavailable")
         return None  # fail open
     if outcome.admitted:
         return None
     if spec.max_wait_seconds <= 0:
-        return _refuse(k, tx, e, sid, req, d, "rate_limit_exceeded", dispatch_id, attempt, now)
+        return _refuse(c, d, "rate_limit_exceeded")
     wait = outcome.wait_seconds if outcome.wait_seconds > 0 else spec.window_seconds / spec.max_calls
     if wait > spec.max_wait_seconds or tx.count_events(e.id, EventType.STEP_RATE_LIMITED.value) > 0:
-        return _refuse(k, tx, e, sid, req, d, "rate_limit_exceeded", dispatch_id, attempt, now)
+        return _refuse(c, d, "rate_limit_exceeded")
     wait = min(wait + k.rng.uniform(0, wait / 2), spec.max_wait_seconds)
-    _renew(tx, dispatch_id, e.id, attempt, now)
-    limited = _rate_limited_event(sid, req, d, "rate_limit_exceeded")
-    queued = park_until(k, tx, e.id, now, wait)
-    tx.append(e.id, now, [limited, queued], decision=_limited_record(k, e, sid, req, d, "rate_limit_exceeded", now))
+    require_live_lease(tx, c.lease, c.now)
+    limited = _rate_limited_event(c, d, "rate_limit_exceeded")
+    queued = park_until(k, tx, e.id, c.now, wait)
+    tx.append(e.id, c.now, [limited, queued], decision=_limited_record(c, d, "rate_limit_exceeded"))
     return StepAnswer(Answer.BLOCKED, reason="rate_limit_exceeded", decided_rule=d.rule_id)
 
 
-def _limited_record(
-    k: Kernel, e: Execution, sid: str, req: StepRequest, d: Decision, reason: str, now: datetime
-) -> tuple[int, DecisionRecord] | None:
-    if not k.record_decisions:
+def _limited_record(c: _Submit, d: Decision, reason: str) -> tuple[int, DecisionRecord] | None:
+    if not c.k.record_decisions:
         return None
-    return 0, dlog.bind(policy_record(e, sid, req.kind, req.target, DecisionOutcome.RATE_LIMITED, d, now, reason=reason))
+    return 0, dlog.bind(policy_record(c.e, c.sid, c.req.kind, c.req.target, DecisionOutcome.RATE_LIMITED, d, c.now,
+                                      reason=reason))
 
 
-def _rate_limited_event(sid: str, req: StepRequest, d: Decision, reason: str) -> ev.Ev:
+def _rate_limited_event(c: _Submit, d: Decision, reason: str) -> ev.Ev:
     error = {"reason": reason, "rule_id": d.rule_id}
     fields = ev.decision_fields(d)
     fields.pop("reason", None)
-    return ev.step(EventType.STEP_RATE_LIMITED, sid, req.kind, req.target, error=error, **fields)
+    return ev.step(EventType.STEP_RATE_LIMITED, c.sid, c.req.kind, c.req.target, error=error, **fields)
 
 
-def _refuse(
-    k: Kernel, tx: Tx, e: Execution, sid: str, req: StepRequest, d: Decision, reason: str,
-    dispatch_id: str, attempt: int, now: datetime,
-) -> StepAnswer:
-    _renew(tx, dispatch_id, e.id, attempt, now)
-    tx.append(e.id, now, [_rate_limited_event(sid, req, d, reason)],
-              decision=_limited_record(k, e, sid, req, d, reason, now))
+def _refuse(c: _Submit, d: Decision, reason: str) -> StepAnswer:
+    require_live_lease(c.tx, c.lease, c.now)
+    c.tx.append(c.e.id, c.now, [_rate_limited_event(c, d, reason)], decision=_limited_record(c, d, reason))
     return StepAnswer(Answer.RATE_LIMITED, reason=reason, decided_rule=d.rule_id)
 
 
@@ -375,12 +372,12 @@ def _gate_fork_effect(e: Execution, req: StepRequest, d: Decision) -> Decision:
                                reason="a fork runs this at_most_once effect live: approval required")
 
 
-def _record(
-    k: Kernel, tx: Tx, e: Execution, sid: str, occurrence: int, req: StepRequest, d: Decision, now: datetime,
-    counter: tuple[str, str, str, str, int],
-) -> StepAnswer:
+def _record(c: _Submit, d: Decision) -> StepAnswer:
     """Write a step decided now: its row, its events, its decision record and its occurrence
-    counter's advance (`counter`), on PostgreSQL in one statement (`Tx.append`)."""
+    counter's advance, on PostgreSQL in one statement (`Tx.append`)."""
+    k, tx, e, sid, occurrence, req, now = c.k, c.tx, c.e, c.sid, c.occurrence, c.req, c.now
+    counter = (c.lease.dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
+
     def row(status: StepStatus, **more: Any) -> Step:
         return Step(step_id=sid, execution_id=e.id, kind=req.kind, target=req.target, args_hash=req.args_hash,
                     occurrence=occurrence, status=status, idempotency=req.idempotency, **more)
@@ -436,18 +433,18 @@ def _record(
 
 
 def record_outcome(
-    k: Kernel, agent_id: str, execution_id: str, step_id: str, dispatch_id: str, attempt: int,
-    *, result: Any = None, error: Any = None, failed: bool = False,
+    k: Kernel, lease: Lease, step_id: str, *, result: Any = None, error: Any = None, failed: bool = False,
     captures: list[resources.Capture] | None = None, capture_failures: list[resources.CaptureFailure] | None = None,
 ) -> StepAnswer:
     """Complete or fail a step; a terminal outcome is never overwritten (replay answers it). The
     body's `captures` of its resources cover from the outcome's event (kernel/core/resources.py)."""
     now = k.clock.now()
+    execution_id = lease.execution_id
     # Nothing slow runs between the outcome's one read and its writes: on SQLite the transaction
     # takes the write lock at BEGIN, with no read snapshot (and its COMMIT) first.
     with k.store.transaction(lock=execution_id, write=True) as tx:
-        e0, s, d = tx.outcome_context(execution_id, step_id, dispatch_id)
-        e = owned(e0, agent_id)
+        e0, s, d = tx.outcome_context(execution_id, step_id, lease.dispatch_id)
+        e = owned(e0, lease.agent_id)
         if s is None or s.execution_id != execution_id:
             raise NotFound("step not found")
         if e.status.is_terminal:
@@ -461,7 +458,7 @@ def record_outcome(
             return StepAnswer(Answer.REPLAY, error=s.error)
         if s.status != StepStatus.EXECUTING:
             raise Conflict(f"conflict: cannot record outcome for step in status {s.status.value}")
-        check_attempt(d, execution_id, attempt)
+        check_attempt(d, lease)
         # The outcome event and the step's update together, so that update also records the
         # event's seq (outcome_seq, which a fork's lineage reads): on PostgreSQL one statement.
         if failed:

@@ -16,6 +16,7 @@ from kernel.domain.dispatch import Dispatch, DispatchStatus
 from kernel.domain.event import Event, EventType
 from kernel.domain.execution import Execution, ExecutionStatus
 from kernel.domain.judge import JudgeAnswer, JudgeSpec
+from kernel.domain.lease import Lease
 from kernel.domain.limit import LimitOutcome
 from kernel.domain.policy_event import PolicyEventType
 from kernel.domain.step import Answer, Idempotency, Step, StepKind, StepStatus
@@ -40,6 +41,7 @@ __all__ = [
     "Idempotency",
     "JudgeAnswer",
     "JudgeSpec",
+    "Lease",
     "LimitOutcome",
     "PolicyEventType",
     "PolicyInput",
