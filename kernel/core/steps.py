@@ -23,8 +23,8 @@ from kernel.domain import (
     Approval,
     ApprovalStatus,
     Decision,
+    DecisionAt,
     DecisionOutcome,
-    DecisionRecord,
     DispatchStatus,
     EventType,
     Execution,
@@ -336,15 +336,15 @@ def _apply_rate_limit(c: _Submit, d: Decision) -> StepAnswer | None:
     require_live_lease(tx, c.lease, c.now)
     limited = _rate_limited_event(c, d, "rate_limit_exceeded")
     queued = park_until(k, tx, e.id, c.now, wait)
-    tx.append(e.id, c.now, [limited, queued], decision=_limited_record(c, d, "rate_limit_exceeded"))
+    tx.append(e.id, c.now, [limited, queued], decision=_limited_record(c, d, "rate_limit_exceeded", limited))
     return StepAnswer(Answer.BLOCKED, reason="rate_limit_exceeded", decided_rule=d.rule_id)
 
 
-def _limited_record(c: _Submit, d: Decision, reason: str) -> tuple[int, DecisionRecord] | None:
+def _limited_record(c: _Submit, d: Decision, reason: str, event: ev.Ev) -> DecisionAt | None:
     if not c.k.record_decisions:
         return None
-    return 0, dlog.bind(policy_record(c.e, c.sid, c.req.kind, c.req.target, DecisionOutcome.RATE_LIMITED, d, c.now,
-                                      reason=reason))
+    return DecisionAt(event, dlog.bind(policy_record(c.e, c.sid, c.req.kind, c.req.target,
+                                                     DecisionOutcome.RATE_LIMITED, d, c.now, reason=reason)))
 
 
 def _rate_limited_event(c: _Submit, d: Decision, reason: str) -> ev.Ev:
@@ -356,7 +356,8 @@ def _rate_limited_event(c: _Submit, d: Decision, reason: str) -> ev.Ev:
 
 def _refuse(c: _Submit, d: Decision, reason: str) -> StepAnswer:
     require_live_lease(c.tx, c.lease, c.now)
-    c.tx.append(c.e.id, c.now, [_rate_limited_event(c, d, reason)], decision=_limited_record(c, d, reason))
+    limited = _rate_limited_event(c, d, reason)
+    c.tx.append(c.e.id, c.now, [limited], decision=_limited_record(c, d, reason, limited))
     return StepAnswer(Answer.RATE_LIMITED, reason=reason, decided_rule=d.rule_id)
 
 
@@ -385,28 +386,27 @@ def _record(c: _Submit, d: Decision) -> StepAnswer:
     proposed = ev.step(EventType.STEP_PROPOSED, sid, req.kind, req.target)
     fields = ev.decision_fields(d)
 
-    def record(outcome: DecisionOutcome, reason: str | None = None) -> tuple[int, DecisionRecord] | None:
-        # The decision event is the second of the batch, after step.proposed.
+    def record(decided: ev.Ev, outcome: DecisionOutcome, reason: str | None = None) -> DecisionAt | None:
         if not k.record_decisions:
             return None
-        return 1, dlog.bind(policy_record(e, sid, req.kind, req.target, outcome, d, now, reason=reason))
+        return DecisionAt(decided, dlog.bind(policy_record(e, sid, req.kind, req.target, outcome, d, now,
+                                                           reason=reason)))
 
     if d.verdict == Verdict.ALLOW:
+        allowed = ev.step(EventType.STEP_ALLOWED, sid, req.kind, req.target, **fields)
         tx.append(e.id, now, [
             proposed,
-            ev.step(EventType.STEP_ALLOWED, sid, req.kind, req.target, **fields),
+            allowed,
             ev.step(EventType.STEP_EXECUTING, sid, req.kind, req.target),
-        ], decision=record(DecisionOutcome.ALLOWED), step=(row(StepStatus.EXECUTING, started_at=now), req.args_text),
+        ], decision=record(allowed, DecisionOutcome.ALLOWED), step=(row(StepStatus.EXECUTING, started_at=now), req.args_text),
             counter=counter)
         return StepAnswer(Answer.PROCEED, sid, decided_rule=d.rule_id)
     if d.verdict == Verdict.DENY:
         reason = d.reason or "policy_denied"
         error = {"reason": reason, "rule_id": d.rule_id}
         fields["reason"] = reason
-        tx.append(e.id, now, [
-            proposed,
-            ev.step(EventType.STEP_DENIED, sid, req.kind, req.target, error=error, **fields),
-        ], decision=record(DecisionOutcome.DENIED, reason),
+        denied = ev.step(EventType.STEP_DENIED, sid, req.kind, req.target, error=error, **fields)
+        tx.append(e.id, now, [proposed, denied], decision=record(denied, DecisionOutcome.DENIED, reason),
             step=(row(StepStatus.DENIED, error=error, completed_at=now), req.args_text), counter=counter)
         return StepAnswer(Answer.DENIED, sid, reason=reason, rule_id=d.rule_id, decided_rule=d.rule_id)
     # require_approval: the execution blocks and its lease is released until a human decides.
@@ -423,12 +423,13 @@ def _record(c: _Submit, d: Decision) -> StepAnswer:
     tx.insert_step(row(StepStatus.AWAITING_APPROVAL), req.args_text)
     tx.insert_approval(a)
     tx.retire_dispatches(e.id, now)
+    awaiting = ev.step(EventType.STEP_AWAITING_APPROVAL, sid, req.kind, req.target, **fields)
     tx.append(e.id, now, [
         proposed,
-        ev.step(EventType.STEP_AWAITING_APPROVAL, sid, req.kind, req.target, **fields),
+        awaiting,
         ev.approval(EventType.APPROVAL_REQUESTED, a, "pending"),
         ev.execution(EventType.EXECUTION_BLOCKED, e.id, ExecutionStatus.BLOCKED),
-    ], status=ExecutionStatus.BLOCKED, decision=record(DecisionOutcome.AWAITING_APPROVAL), counter=counter)
+    ], status=ExecutionStatus.BLOCKED, decision=record(awaiting, DecisionOutcome.AWAITING_APPROVAL), counter=counter)
     return StepAnswer(Answer.BLOCKED, sid, approval_id=a.id, decided_rule=d.rule_id)
 
 

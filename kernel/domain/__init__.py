@@ -2,7 +2,7 @@
 
 from kernel.domain.agent import Agent
 from kernel.domain.approval import Approval, ApprovalStatus
-from kernel.domain.audit import Credential, DecisionOutcome, DecisionRecord
+from kernel.domain.audit import Credential, DecisionAt, DecisionOutcome, DecisionRecord
 from kernel.domain.decision import (
     ApprovalConfig,
     BudgetSpec,
@@ -30,6 +30,7 @@ __all__ = [
     "BudgetSpec",
     "Credential",
     "Decision",
+    "DecisionAt",
     "DecisionOutcome",
     "DecisionRecord",
     "Dispatch",
