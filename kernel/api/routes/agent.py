@@ -24,6 +24,7 @@ from kernel.api.deps import (
     call,
     call_hot,
     kernel_of,
+    lease,
     signed_on,
     step_param,
     uuid_param,
@@ -146,7 +147,7 @@ async def submit_step(execution_id: str, request: Request) -> Response:
     body = parse_model(SubmitBody, a.body, lexical=True)
     if body.kind not in _KINDS:
         raise invalid(f"unknown kind {body.kind!r} (tool_call, llm_call or local)")
-    did, attempt = a.lease()
+    held = lease(a, eid)
     text = canonical_json(dumps_lexical(body.args)) if body.args is not None else "null"
     req = steps.StepRequest(
         kind=body.kind,
@@ -159,12 +160,12 @@ async def submit_step(execution_id: str, request: Request) -> Response:
     )
     k = kernel_of(request)
     try:
-        answer = await call_hot(steps.submit_step, k, a.agent_id, eid, did, attempt, req)
+        answer = await call_hot(steps.submit_step, k, held, req)
     except steps.JudgeNeeded as need:
         # A judge rule: ask the model here, on the event loop, with no transaction open and no
         # lane thread held; then decide again with its answer (kernel.core.steps.JudgeNeeded).
         verdict = await k.judge.ask(need.spec, need.input)
-        answer = await call_hot(steps.submit_step, k, a.agent_id, eid, did, attempt, req, {need.rule_id: verdict})
+        answer = await call_hot(steps.submit_step, k, held, req, {need.rule_id: verdict})
     request.app.state.metrics.decision(req.kind, answer.decision, a.agent_id, answer.decided_rule)
     return JSONResponse(answer.to_json())
 
@@ -177,10 +178,8 @@ async def _outcome(request: Request, execution_id: str, step_id: str, failed: bo
     else:
         cb = parse_model(CompleteStepBody, a.body)
         kwargs = {"result": cb.result, **cb.parsed()}
-    did, attempt = a.lease()
-    answer = await call_hot(
-        steps.record_outcome, kernel_of(request), a.agent_id, eid, step_param(step_id), did, attempt, **kwargs
-    )
+    held = lease(a, eid)
+    answer = await call_hot(steps.record_outcome, kernel_of(request), held, step_param(step_id), **kwargs)
     request.app.state.metrics.outcome(failed, answer.decision)
     return JSONResponse(answer.to_json())
 
@@ -200,8 +199,8 @@ async def fail_step(execution_id: str, step_id: str, request: Request) -> Respon
 @_hot("/v0/executions/{execution_id}/heartbeat", openapi_extra=schema.operation(ok=204))
 async def heartbeat(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "once", with_call=True)
-    did, attempt = a.lease()
-    await call(executions.heartbeat, kernel_of(request), a.agent_id, eid, did, attempt)
+    held = lease(a, eid)
+    await call(executions.heartbeat, kernel_of(request), held)
     return Response(status_code=204)
 
 
@@ -210,17 +209,16 @@ async def heartbeat(execution_id: str, request: Request) -> Response:
 async def complete_execution(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(CompleteExecutionBody, a.body, allow_empty=True)
-    did, attempt = a.lease()
-    await call(executions.finish_execution, kernel_of(request), a.agent_id, eid, did, attempt, output=body.output,
-               state=body.state)
+    held = lease(a, eid)
+    await call(executions.finish_execution, kernel_of(request), held, output=body.output, state=body.state)
     return Response(status_code=204)
 
 
 @router.post("/v0/executions/{execution_id}/suspend", openapi_extra=schema.operation(answer=schema.SUSPENDED))
 async def suspend(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "repeatable")
-    did, attempt = a.lease()
-    suspended = await call(sessions.suspend, kernel_of(request), a.agent_id, eid, did, attempt)
+    held = lease(a, eid)
+    suspended = await call(sessions.suspend, kernel_of(request), held)
     return JSONResponse({"suspended": suspended})
 
 
@@ -229,9 +227,8 @@ async def suspend(execution_id: str, request: Request) -> Response:
 async def fail_execution(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(FailExecutionBody, a.body, allow_empty=True)
-    did, attempt = a.lease()
-    await call(executions.finish_execution, kernel_of(request), a.agent_id, eid, did, attempt,
-               error=scrub_text(body.error), failed=True)
+    held = lease(a, eid)
+    await call(executions.finish_execution, kernel_of(request), held, error=scrub_text(body.error), failed=True)
     return Response(status_code=204)
 
 
@@ -261,10 +258,10 @@ async def register_resource(execution_id: str, request: Request) -> Response:
         raise invalid("key must be 1-200 characters")
     if not 0 <= body.every_steps <= MAX_EVERY_STEPS:
         raise invalid(f"every_steps must be 0-{MAX_EVERY_STEPS}")
-    did, attempt = a.lease()
+    held = lease(a, eid)
     reg = resources.Registration(body.key, body.driver_id, body.configuration, body.coverage_reuse,
                                  body.every_steps, body.on_completion)
-    return JSONResponse(await call(resources.register, kernel_of(request), a.agent_id, eid, did, attempt, reg))
+    return JSONResponse(await call(resources.register, kernel_of(request), held, reg))
 
 
 @router.post("/v0/executions/{execution_id}/resources/checkpoints",
@@ -272,9 +269,8 @@ async def register_resource(execution_id: str, request: Request) -> Response:
 async def publish_checkpoints(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(CapturesBody, a.body, allow_empty=True).parsed()
-    did, attempt = a.lease()
-    await call(resources.publish, kernel_of(request), a.agent_id, eid, did, attempt, body["captures"],
-               body["capture_failures"])
+    held = lease(a, eid)
+    await call(resources.publish, kernel_of(request), held, body["captures"], body["capture_failures"])
     return Response(status_code=204)
 
 
@@ -283,9 +279,8 @@ async def publish_checkpoints(execution_id: str, request: Request) -> Response:
 async def bind_resource(execution_id: str, key: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(BindingBody, a.body)
-    did, attempt = a.lease()
-    await call(resources.bind, kernel_of(request), a.agent_id, eid, did, attempt, check_text(key, "resource key"),
-               body.binding)
+    held = lease(a, eid)
+    await call(resources.bind, kernel_of(request), held, check_text(key, "resource key"), body.binding)
     return Response(status_code=204)
 
 
