@@ -24,6 +24,7 @@ from kernel.core.agents import register_agent
 from kernel.core.dispatch import claim_due
 from kernel.core.executions import Lineage
 from kernel.core.kernel import Kernel
+from kernel.domain import Lease
 from kernel.identity import args_hash, step_id
 from kernel.store import open_store
 from kernel.store import tables as t
@@ -37,7 +38,7 @@ def _admission(k: Kernel, n: int) -> list[float]:
     samples = []
     for nxt in ids[1:]:
         t0 = time.perf_counter()
-        executions.finish_execution(k, "bench", claim.execution_id, claim.dispatch_id, claim.attempt, output=1)
+        executions.finish_execution(k, Lease("bench", claim.execution_id, claim.dispatch_id, claim.attempt), output=1)
         claim = next(c for c in claim_due(k, 10) if c.execution_id == nxt)
         samples.append(time.perf_counter() - t0)
     return samples

@@ -15,6 +15,7 @@ from kernel.core.agents import register_agent
 from kernel.core.dispatch import claim_due
 from kernel.core.executions import Lineage
 from kernel.core.kernel import Kernel
+from kernel.domain import Lease
 from kernel.store import open_store
 from kernel.store import tables as t
 from tests.conftest import scratch_pg_database
@@ -59,7 +60,7 @@ def test_two_kernels_admit_fifty_queued_executions_of_one_session_one_at_a_time_
                 c = claims[0]
                 admitted.append(c.execution_id)
                 assert _live(a, "shared") == 1
-                executions.finish_execution(k, "shell", c.execution_id, c.dispatch_id, c.attempt, output=i)
+                executions.finish_execution(k, Lease("shell", c.execution_id, c.dispatch_id, c.attempt), output=i)
             assert admitted == order
             assert _live(b, "shared") == 0
         finally:
@@ -79,7 +80,7 @@ def test_concurrent_ends_and_creates_on_two_kernels_never_run_two_of_a_session()
 
             def finish() -> None:
                 try:
-                    executions.finish_execution(a, "shell", first.id, c.dispatch_id, c.attempt, output=0)
+                    executions.finish_execution(a, Lease("shell", first.id, c.dispatch_id, c.attempt), output=0)
                 except BaseException as exc:  # pragma: no cover - reported below
                     errors.append(exc)
 

@@ -13,6 +13,7 @@ from starlette.routing import compile_path, request_response
 
 from kernel.api.auth import AgentCall, Authenticator, Repeat
 from kernel.core.kernel import Kernel
+from kernel.domain import Lease
 from kernel.errors import ValidationError, invalid
 from kernel.ids import parse_uuid
 from kernel.lane import call, call_hot, long_lived  # noqa: F401 - the routers take them from here
@@ -49,10 +50,16 @@ async def signed_on(request: Request, execution_id: str, repeat: Repeat,
                     *, with_call: bool = False) -> tuple[AgentCall, str]:
     """How every agent-signed route on one execution opens: the signature verified (401) and the
     execution id read from the path (400). The route then parses its body and only then reads the
-    dispatch lease (`AgentCall.lease()`), so a malformed body is answered first; whether the agent
-    owns the execution and holds the lease is the use case's check, inside its transaction."""
+    dispatch lease (`lease`), so a malformed body is answered first; whether the agent owns the
+    execution and holds the lease is the use case's check, inside its transaction."""
     a = await auth_of(request).agent(request, repeat, with_call=with_call)
     return a, uuid_param(execution_id, "execution id")
+
+
+def lease(a: AgentCall, execution_id: str) -> Lease:
+    """The agent's lease on `execution_id`, from its two dispatch headers (`AgentCall.lease`: a
+    canonical dispatch id, an attempt ≥ 1), or 400."""
+    return Lease(a.agent_id, execution_id, *a.lease())
 
 
 class LeanRoute(APIRoute):

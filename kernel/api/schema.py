@@ -13,6 +13,8 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from kernel.domain import Answer
+
 TEXT = {"type": "string"}
 TIME = {"type": "string", "format": "date-time"}
 ANY: dict[str, Any] = {}
@@ -49,8 +51,9 @@ STEP = _object(
 )
 DECISION = _object(
     ("decision",),
-    decision={"type": "string", "enum": ["proceed", "replay", "denied", "rate_limited", "blocked",
-                                         "execution_blocked", "execution_terminal"]},
+    decision={"type": "string", "enum": [a.value for a in (
+        Answer.PROCEED, Answer.REPLAY, Answer.DENIED, Answer.RATE_LIMITED, Answer.BLOCKED,
+        Answer.EXECUTION_BLOCKED, Answer.EXECUTION_TERMINAL)]},
     step_id=TEXT, result=ANY, error=ANY, approval_id=TEXT, reason=TEXT, rule_id=TEXT,
     resources={"type": "array", "items": _object(("key", "generation", "due"), key=TEXT,
                                                  generation={"type": "integer"}, due={"type": "boolean"})},
@@ -59,7 +62,7 @@ DECISION = _object(
 # execution ended meanwhile ("execution_terminal"). The submit answer's enum lacked "recorded".
 OUTCOME = _object(
     ("decision",),
-    decision={"type": "string", "enum": ["recorded", "replay", "execution_terminal"]},
+    decision={"type": "string", "enum": [a.value for a in (Answer.RECORDED, Answer.REPLAY, Answer.EXECUTION_TERMINAL)]},
     result=ANY, error=ANY,
 )
 NULLABLE_TEXT = {"type": ["string", "null"]}

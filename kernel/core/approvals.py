@@ -16,8 +16,8 @@ from kernel.domain import (
     Approval,
     ApprovalStatus,
     Credential,
+    DecisionAt,
     DecisionOutcome,
-    DecisionRecord,
     EventType,
     Execution,
     ExecutionStatus,
@@ -132,19 +132,16 @@ def decide_approval(
                  "key_id": principal.key_id, "rationale": rationale or None}
         if grant:
             tx.update_step(a.step_id, status=StepStatus.ALLOWED)
-            out = [
-                ev.approval(EventType.APPROVAL_GRANTED, a, "granted", **extra),
-                ev.step(EventType.STEP_ALLOWED, a.step_id, kind, target, **ev.asked_fields(a)),
-            ]
+            answered = ev.approval(EventType.APPROVAL_GRANTED, a, "granted", **extra)
+            out = [answered, ev.step(EventType.STEP_ALLOWED, a.step_id, kind, target, **ev.asked_fields(a))]
         else:
             error = _denial(rationale or "approval_denied", a)
             tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
-            out = [
-                ev.approval(EventType.APPROVAL_DENIED, a, "denied", **extra),
-                ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error, **ev.asked_fields(a)),
-            ]
+            answered = ev.approval(EventType.APPROVAL_DENIED, a, "denied", **extra)
+            out = [answered,
+                   ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error, **ev.asked_fields(a))]
         outcome = DecisionOutcome.APPROVAL_GRANTED if grant else DecisionOutcome.APPROVAL_DENIED
-        record = _record(k, a, outcome, now, e.agent_id, kind, target, who, credential, rationale or None)
+        record = _record(k, a, answered, outcome, now, e.agent_id, kind, target, who, credential, rationale or None)
         _resume(k, tx, a.execution_id, now, out, record)
         return a  # as it was asked (its context), for the caller's metrics
 
@@ -173,20 +170,20 @@ def _refuse_self_approval(tx: Transaction, e: Execution, principal: Principal) -
 
 
 def _record(
-    k: Kernel, a: Approval, outcome: DecisionOutcome, now: datetime, agent_id: str, kind: str,
+    k: Kernel, a: Approval, answered: ev.Ev, outcome: DecisionOutcome, now: datetime, agent_id: str, kind: str,
     target: str | None, decided_by: str | None, credential: str | None, reason: str | None,
-) -> tuple[int, DecisionRecord] | None:
+) -> DecisionAt | None:
     rec = approval_record(a, outcome, now, agent_id=agent_id, kind=kind, target=target or "",
                           decided_by=decided_by, credential=credential, reason=reason) if k.record_decisions else None
     # The decision-log entry of the same decision, with the record's id (shipped after commit).
     dlog.note_approval(k, a, agent_id, kind, target, outcome.value, now, decided_by=decided_by, rationale=reason,
                        decision_id=rec.id if rec is not None else None)
-    return (0, rec) if rec is not None else None
+    return DecisionAt(answered, rec) if rec is not None else None
 
 
 def _resume(
     k: Kernel, tx: Transaction, execution_id: str, now: datetime, out: list[ev.Ev],
-    record: tuple[int, DecisionRecord] | None,
+    record: DecisionAt | None,
 ) -> None:
     out.append(ev.execution(EventType.EXECUTION_RESUMED, execution_id, ExecutionStatus.RUNNING))
     _, queued = enqueue(k, tx, execution_id, now)
@@ -233,11 +230,9 @@ def _expire(k: Kernel, tx: Transaction, approval_id: str, now: datetime) -> int:
     error = _denial("approval_timeout", a)
     tx.set_approval(a.id, status=ApprovalStatus.EXPIRED, decided_at=now, rationale="timeout")
     tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
-    out = [
-        ev.approval(EventType.APPROVAL_EXPIRED, a, "expired", rationale="timeout"),
-        ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error, **ev.asked_fields(a)),
-    ]
-    record = _record(k, a, DecisionOutcome.APPROVAL_EXPIRED, now, e.agent_id, kind, target, None, None,
+    answered = ev.approval(EventType.APPROVAL_EXPIRED, a, "expired", rationale="timeout")
+    out = [answered, ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error, **ev.asked_fields(a))]
+    record = _record(k, a, answered, DecisionOutcome.APPROVAL_EXPIRED, now, e.agent_id, kind, target, None, None,
                      "approval_timeout")
     _resume(k, tx, a.execution_id, now, out, record)
     return 1

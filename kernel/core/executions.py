@@ -19,6 +19,7 @@ from kernel.domain import (
     EventType,
     Execution,
     ExecutionStatus,
+    Lease,
 )
 from kernel.errors import Conflict, ExecutionTerminal, NotFound, Overloaded, StoreConflict
 from kernel.ids import new_uuid7
@@ -176,24 +177,24 @@ def cancel_execution(k: Kernel, execution_id: str, reason: str = "client_cancell
     ended(k, dataclasses.replace(e, status=ExecutionStatus.CANCELLED))
 
 
-def heartbeat(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int) -> None:
+def heartbeat(k: Kernel, lease: Lease) -> None:
     now = k.clock.now()
-    with k.store.transaction(lock=execution_id) as tx:
-        load_owned(tx, execution_id, agent_id)
-        require_live_lease(tx, execution_id, dispatch_id, attempt, now)
+    with k.store.transaction(lock=lease.execution_id) as tx:
+        load_owned(tx, lease.execution_id, lease.agent_id)
+        require_live_lease(tx, lease, now)
 
 
 def finish_execution(
-    k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int,
-    *, output: Any = None, error: str | None = None, failed: bool = False, state: Any = None,
+    k: Kernel, lease: Lease, *, output: Any = None, error: str | None = None, failed: bool = False, state: Any = None,
 ) -> None:
     """The agent's handler returned (complete, with the session's next `state`) or raised (fail)."""
     now = k.clock.now()
+    execution_id = lease.execution_id
     with k.store.transaction(lock=execution_id) as tx:
-        e = load_owned(tx, execution_id, agent_id)
+        e = load_owned(tx, execution_id, lease.agent_id)
         if e.status.is_terminal:
             raise ExecutionTerminal("execution is terminal")
-        require_live_lease(tx, execution_id, dispatch_id, attempt, now)
+        require_live_lease(tx, lease, now)
         tx.retire_dispatches(execution_id, now)
         if failed:
             status = ExecutionStatus.FAILED

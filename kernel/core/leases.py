@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from kernel.core import events as ev
 from kernel.core.kernel import Kernel
 from kernel.core.store_ports import DispatchStore
-from kernel.domain import Dispatch, DispatchStatus, EventType
+from kernel.domain import Dispatch, DispatchStatus, EventType, Lease
 from kernel.errors import LeaseSuperseded
 from kernel.ids import new_uuid7
 
@@ -34,15 +34,15 @@ def enqueue(k: Kernel, tx: DispatchStore, execution_id: str, now: datetime, due:
     return d, ev.dispatch(EventType.DISPATCH_QUEUED, d.id, execution_id, "pending", 0, **extra)
 
 
-def require_live_lease(tx: DispatchStore, execution_id: str, dispatch_id: str, attempt: int, now: datetime) -> None:
+def require_live_lease(tx: DispatchStore, lease: Lease, now: datetime) -> None:
     """Renew the lease of the live attempt, or raise 409 lease_superseded."""
-    if not tx.renew_lease(dispatch_id, execution_id, attempt, now):
+    if not tx.renew_lease(lease.dispatch_id, lease.execution_id, lease.attempt, now):
         raise LeaseSuperseded()
 
 
-def check_attempt(d: Dispatch | None, execution_id: str, attempt: int) -> None:
+def check_attempt(d: Dispatch | None, lease: Lease) -> None:
     """Recording a step outcome checks the attempt only (its status does not matter)."""
-    if d is None or d.execution_id != execution_id or d.attempt != attempt:
+    if d is None or d.execution_id != lease.execution_id or d.attempt != lease.attempt:
         raise LeaseSuperseded()
 
 

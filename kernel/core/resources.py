@@ -23,7 +23,7 @@ from kernel.core.executions import load_owned
 from kernel.core.kernel import Kernel
 from kernel.core.leases import require_live_lease
 from kernel.core.store_ports import ResourceStore, Transaction
-from kernel.domain import EventType, Execution
+from kernel.domain import EventType, Execution, Lease
 from kernel.errors import Conflict, ExecutionTerminal, NotFound, invalid
 
 # The seq of a fork's `execution.forked` event (created, forked, started: 1, 2, 3).
@@ -67,22 +67,21 @@ def view(r: Any) -> dict[str, Any]:
     }
 
 
-def _live(tx: Transaction, k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int,
-          now: datetime) -> Execution:
-    e = load_owned(tx, execution_id, agent_id)
+def _live(tx: Transaction, lease: Lease, now: datetime) -> Execution:
+    e = load_owned(tx, lease.execution_id, lease.agent_id)
     if e.status.is_terminal:
         raise ExecutionTerminal("execution is terminal")
-    require_live_lease(tx, execution_id, dispatch_id, attempt, now)
+    require_live_lease(tx, lease, now)
     return e
 
 
-def register(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int,
-             reg: Registration) -> dict[str, Any]:
+def register(k: Kernel, lease: Lease, reg: Registration) -> dict[str, Any]:
     """Register a resource, or read it back (a later dispatch, the on-completion check). A fork's
     restored resources exist from its creation: registering one returns its `checkpoint_ref`."""
     now = k.clock.now()
+    execution_id = lease.execution_id
     with k.store.transaction(lock=execution_id) as tx:
-        _live(tx, k, agent_id, execution_id, dispatch_id, attempt, now)
+        _live(tx, lease, now)
         r = tx.get_resource(execution_id, reg.key)
         settings = {"configuration": jsontext.dumps_or_none(reg.configuration), "coverage_reuse": reg.coverage_reuse,
                     "every_steps": reg.every_steps, "on_completion": reg.on_completion}
@@ -104,25 +103,24 @@ def register(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, atte
         return view(r)
 
 
-def bind(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, key: str,
-         binding: Any) -> None:
+def bind(k: Kernel, lease: Lease, key: str, binding: Any) -> None:
     """Record how to reopen the resource (the driver's binding; never written into events)."""
     now = k.clock.now()
+    execution_id = lease.execution_id
     with k.store.transaction(lock=execution_id) as tx:
-        _live(tx, k, agent_id, execution_id, dispatch_id, attempt, now)
+        _live(tx, lease, now)
         if tx.get_resource(execution_id, key) is None:
             raise NotFound("resource not found")
         tx.update_resource(execution_id, key, binding=jsontext.dumps_or_none(binding))
         tx.append(execution_id, now, [(EventType.RESOURCE_BOUND.value, {"key": key})])
 
 
-def publish(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int,
-            captures: list[Capture], failures: list[CaptureFailure]) -> None:
+def publish(k: Kernel, lease: Lease, captures: list[Capture], failures: list[CaptureFailure]) -> None:
     """Captures made outside a step (at registration, on completion)."""
     now = k.clock.now()
-    with k.store.transaction(lock=execution_id) as tx:
-        _live(tx, k, agent_id, execution_id, dispatch_id, attempt, now)
-        record_captures(tx, execution_id, now, captures, failures, at_seq=None)
+    with k.store.transaction(lock=lease.execution_id) as tx:
+        _live(tx, lease, now)
+        record_captures(tx, lease.execution_id, now, captures, failures, at_seq=None)
 
 
 def record_captures(tx: Transaction, execution_id: str, now: datetime, captures: list[Capture],

@@ -18,7 +18,7 @@ from kernel.core.kernel import Kernel
 from kernel.core.leases import enqueue, require_live_lease
 from kernel.core.lifecycle import cancel_one, load_owned
 from kernel.core.store_ports import StepStore, Transaction
-from kernel.domain import EventType, Execution, ExecutionStatus, StepStatus
+from kernel.domain import EventType, Execution, ExecutionStatus, Lease, StepStatus
 from kernel.errors import ExecutionTerminal
 
 log = logging.getLogger("regent.sessions")
@@ -122,18 +122,19 @@ def previous_state(k: Kernel, execution_id: str, agent_id: str | None) -> dict[s
     return {"state": state, "execution_id": prev.id}
 
 
-def suspend(k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int) -> bool:
+def suspend(k: Kernel, lease: Lease) -> bool:
     """The parent waits for its children without a lease: True if it suspended, False when no
     child is still live. Before answering False it records the ended children's outcomes on their
     spawning steps itself: the handler reads those steps next, and the `settle` that follows a
     child's end may not have run yet (it runs after the child's own commit, or in the sweep)."""
 
     now = k.clock.now()
+    execution_id = lease.execution_id
     with k.store.transaction(lock=execution_id) as tx:
-        e = load_owned(tx, execution_id, agent_id)
+        e = load_owned(tx, execution_id, lease.agent_id)
         if e.status.is_terminal:
             raise ExecutionTerminal("execution is terminal")
-        require_live_lease(tx, execution_id, dispatch_id, attempt, now)
+        require_live_lease(tx, lease, now)
         live = tx.live_children(execution_id)
         if live == 0:
             recorded = [x for c in tx.children(execution_id) if c.spawned_step_id for x in _record_child(tx, c, now)]

@@ -15,22 +15,24 @@ from kernel.core import resources
 from kernel.core.audit import policy_record
 from kernel.core.executions import load_owned, owned
 from kernel.core.kernel import Kernel
-from kernel.core.leases import check_attempt, park_until
+from kernel.core.leases import check_attempt, park_until, require_live_lease
 from kernel.core.ports import LimitOutcome, ShadowObservation
-from kernel.core.store_ports import DispatchStore, StepStore, Transaction
+from kernel.core.store_ports import StepStore, Transaction
 from kernel.core.usage import parse_usage
 from kernel.domain import (
+    Answer,
     Approval,
     ApprovalStatus,
     Decision,
+    DecisionAt,
     DecisionOutcome,
-    DecisionRecord,
     DispatchStatus,
     EventType,
     Execution,
     ExecutionStatus,
     JudgeAnswer,
     JudgeSpec,
+    Lease,
     PolicyInput,
     Step,
     StepKind,
@@ -74,7 +76,7 @@ class StepRequest:
 class StepAnswer:
     """The decision object of the v0 API; empty fields are omitted on the wire."""
 
-    decision: str
+    decision: Answer
     step_id: str | None = None
     result: Any = _UNSET
     error: Any = None
@@ -107,17 +109,16 @@ class StepAnswer:
 
 
 def submit_step(
-    k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest,
-    judged: Mapping[str, JudgeAnswer] | None = None,
+    k: Kernel, lease: Lease, req: StepRequest, judged: Mapping[str, JudgeAnswer] | None = None,
 ) -> StepAnswer:
     """Replay or decide one step. A judge rule's first pass raises JudgeNeeded; the second pass
     takes the judge's answer by rule id in `judged` (a rule other than the one asked about, say
     after a bundle change in between, is resolved as if the judge were unavailable)."""
     # The shadow bundle is evaluated after the answer has committed, off this thread: here it
     # costs one dict lookup, and a queue put for the steps the active bundle decided.
-    seen = _Seen() if k.shadow.wants(agent_id) else None
+    seen = _Seen() if k.shadow.wants(lease.agent_id) else None
     with dlog.collect(k):  # decision-log entries leave only once the transaction has committed
-        answer = _submit_step(k, agent_id, execution_id, dispatch_id, attempt, req, judged, seen)
+        answer = _submit_step(k, lease, req, judged, seen)
     if seen is not None and seen.observation is not None:
         observation = seen.observation
         k.store.after_commit(lambda: k.shadow.observe(observation))
@@ -135,18 +136,31 @@ class _Seen:
         self.limit: LimitOutcome | None = None
 
 
+class _Submit:
+    """One submit's values, which every helper deciding a new step reads: the kernel, the
+    transaction, the caller's lease, the request, the clock's reading, the execution as read under
+    its lock, the step's id and occurrence, and what the shadow needs (None when it does not)."""
+
+    __slots__ = ("e", "k", "lease", "now", "occurrence", "req", "seen", "sid", "tx")
+
+    def __init__(self, k: Kernel, tx: Transaction, lease: Lease, req: StepRequest, now: datetime, e: Execution,
+                 sid: str, occurrence: int, seen: _Seen | None) -> None:
+        self.k, self.tx, self.lease, self.req, self.now = k, tx, lease, req, now
+        self.e, self.sid, self.occurrence, self.seen = e, sid, occurrence, seen
+
+
 def _submit_step(
-    k: Kernel, agent_id: str, execution_id: str, dispatch_id: str, attempt: int, req: StepRequest,
-    judged: Mapping[str, JudgeAnswer] | None,
-    seen: _Seen | None,
+    k: Kernel, lease: Lease, req: StepRequest, judged: Mapping[str, JudgeAnswer] | None, seen: _Seen | None,
 ) -> StepAnswer:
     now = k.clock.now()
+    execution_id, dispatch_id = lease.execution_id, lease.dispatch_id
     with k.store.transaction(lock=execution_id) as tx:
         e0, d, occurrence, at = tx.submit_context(execution_id, dispatch_id, req.kind, req.target, req.args_hash)
-        e = owned(e0, agent_id)
+        e = owned(e0, lease.agent_id)
         if e.status.is_terminal:
-            return StepAnswer("execution_terminal")
-        if d is None or d.execution_id != execution_id or d.attempt != attempt or d.status != DispatchStatus.IN_FLIGHT:
+            return StepAnswer(Answer.EXECUTION_TERMINAL)
+        if (d is None or d.execution_id != execution_id or d.attempt != lease.attempt
+                or d.status != DispatchStatus.IN_FLIGHT):
             raise LeaseSuperseded()
         sid = compute_step_id(execution_id, req.kind, req.target, req.args_hash, occurrence)
         declared = resources.require_registered(tx, execution_id, req.resources) if req.resources else None
@@ -156,17 +170,17 @@ def _submit_step(
         if existing is None and e.forked_from is not None:
             existing = _lent(tx, e, sid, occurrence, req, now)
         if existing is not None:
-            _renew(tx, dispatch_id, execution_id, attempt, now)
+            require_live_lease(tx, lease, now)
             answer = _answer_existing(tx, existing, req, now)
             tx.advance_counter(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
         elif e.status == ExecutionStatus.BLOCKED:
-            return StepAnswer("execution_blocked")
+            return StepAnswer(Answer.EXECUTION_BLOCKED)
         else:
             # A step recorded now advances its counter with its own writes (`_record`).
-            answer = _decide_new(k, tx, e, sid, occurrence, req, dispatch_id, attempt, now, judged, seen)
+            answer = _decide_new(_Submit(k, tx, lease, req, now, e, sid, occurrence, seen), judged)
             if not answer.recorded:
                 return answer
-        if declared is not None and answer.decision == "proceed":
+        if declared is not None and answer.decision == Answer.PROCEED:
             answer = dataclasses.replace(
                 answer, resources=resources.advance(tx, execution_id, declared, bump=existing is None))
         return answer
@@ -203,44 +217,34 @@ def _lent(tx: StepStore, e: Execution, sid: str, occurrence: int, req: StepReque
     return s
 
 
-def _renew(tx: DispatchStore, dispatch_id: str, execution_id: str, attempt: int, now: datetime) -> None:
-    """Re-check and renew the lease inside the transaction that records the answer, so a reclaim
-    that landed since the entry check fails the whole write with 409 and leaves no trace."""
-    if not tx.renew_lease(dispatch_id, execution_id, attempt, now):
-        raise LeaseSuperseded()
-
-
 def _answer_existing(tx: Transaction, s: Step, req: StepRequest, now: datetime) -> StepAnswer:
     """The replay table: answer from the stored status without consulting policy."""
     sid = s.step_id
     if s.status == StepStatus.SUCCEEDED:
-        return StepAnswer("replay", sid, result=s.result)
+        return StepAnswer(Answer.REPLAY, sid, result=s.result)
     if s.status == StepStatus.FAILED:
-        return StepAnswer("replay", sid, error=s.error)
+        return StepAnswer(Answer.REPLAY, sid, error=s.error)
     if s.status == StepStatus.DENIED:
         reason = s.error.get("reason") if isinstance(s.error, dict) else None
         rule = s.error.get("rule_id") if isinstance(s.error, dict) else None
-        return StepAnswer("denied", sid, reason=reason or "policy_denied", rule_id=rule)
+        return StepAnswer(Answer.DENIED, sid, reason=reason or "policy_denied", rule_id=rule)
     if s.status == StepStatus.AWAITING_APPROVAL:
         a = tx.pending_approval_for_step(sid)
-        return StepAnswer("blocked", sid, approval_id=a.id if a else None)
+        return StepAnswer(Answer.BLOCKED, sid, approval_id=a.id if a else None)
     if s.status in (StepStatus.ALLOWED, StepStatus.PROPOSED):
         tx.update_step(sid, status=StepStatus.EXECUTING, started_at=now)
         tx.append(s.execution_id, now, [ev.step(EventType.STEP_EXECUTING, sid, s.kind, s.target)])
-        return StepAnswer("proceed", sid)
+        return StepAnswer(Answer.PROCEED, sid)
     if s.status == StepStatus.EXECUTING and req.idempotency == Idempotency.AT_MOST_ONCE:
         # Orphaned: the body may have run. Never run it twice; report the unknown outcome.
         tx.update_step(sid, status=StepStatus.FAILED, error=INDETERMINATE_ERROR, completed_at=now)
         tx.append(s.execution_id, now, [ev.step(EventType.STEP_FAILED, sid, s.kind, s.target, error=INDETERMINATE_ERROR)])
-        return StepAnswer("replay", sid, error=INDETERMINATE_ERROR)
-    return StepAnswer("proceed", sid)  # executing & safe to retry (or unreachable states)
+        return StepAnswer(Answer.REPLAY, sid, error=INDETERMINATE_ERROR)
+    return StepAnswer(Answer.PROCEED, sid)  # executing & safe to retry (or unreachable states)
 
 
-def _decide_new(
-    k: Kernel, tx: Transaction, e: Execution, sid: str, occurrence: int, req: StepRequest,
-    dispatch_id: str, attempt: int, now: datetime, judged: Mapping[str, JudgeAnswer] | None,
-    seen: _Seen | None = None,
-) -> StepAnswer:
+def _decide_new(c: _Submit, judged: Mapping[str, JudgeAnswer] | None) -> StepAnswer:
+    k, tx, e, sid, req, now, seen = c.k, c.tx, c.e, c.sid, c.req, c.now, c.seen
     usage_in, usage_out = e.usage_input, e.usage_output  # read with the row, under the lock
     inp = PolicyInput(
         agent_id=e.agent_id,
@@ -269,7 +273,7 @@ def _decide_new(
         decision = k.policy.decide(inp, tx=tx, bundle_id=e.fork_bundle_id)
         if decision.judge is not None:
             decision = _judged(decision, inp, judged)
-        limited = _apply_rate_limit(k, tx, e, sid, req, decision, dispatch_id, attempt, now, seen)
+        limited = _apply_rate_limit(c, decision)
         if limited is not None:
             dlog.note_step(k, e, sid, inp, decision, EventType.STEP_RATE_LIMITED.value, now,
                            outcome=limited.decision, reason=limited.reason)
@@ -285,9 +289,10 @@ def _decide_new(
             seen.observation = ShadowObservation(e.id, sid, now, inp, decision, final.verdict.value,
                                                  seen.limit_key, seen.limit)
         decision = final
-    _renew(tx, dispatch_id, e.id, attempt, now)
-    answer = _record(k, tx, e, sid, occurrence, req, decision, now,
-                     counter=(dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1))
+    # The lease is checked again inside the transaction that records the answer, so a reclaim
+    # that landed since the entry check fails the whole write with 409 and leaves no trace.
+    require_live_lease(tx, c.lease, now)
+    answer = _record(c, decision)
     dlog.note_step(k, e, sid, inp, decision, _DECISION_EVENTS[decision.verdict].value, now)
     return answer
 
@@ -307,10 +312,8 @@ def _judged(d: Decision, inp: PolicyInput, judged: Mapping[str, JudgeAnswer] | N
     return resolve_judge(d, answer)
 
 
-def _apply_rate_limit(
-    k: Kernel, tx: Transaction, e: Execution, sid: str, req: StepRequest, d: Decision,
-    dispatch_id: str, attempt: int, now: datetime, seen: _Seen | None = None,
-) -> StepAnswer | None:
+def _apply_rate_limit(c: _Submit, d: Decision) -> StepAnswer | None:
+    k, tx, e, seen = c.k, c.tx, c.e, c.seen
     spec = d.rate_limit
     if spec is None or not spec.active:
         return None
@@ -320,46 +323,42 @@ def _apply_rate_limit(
         seen.limit_key, seen.limit = key, outcome
     if outcome.error is not None:
         if spec.on_limiter_error == "deny":
-            return _refuse(k, tx, e, sid, req, d, "rate_limiter_unavailable", dispatch_id, attempt, now)
+            return _refuse(c, d, "rate_limiter_unavailable")
         return None  # fail open
     if outcome.admitted:
         return None
     if spec.max_wait_seconds <= 0:
-        return _refuse(k, tx, e, sid, req, d, "rate_limit_exceeded", dispatch_id, attempt, now)
+        return _refuse(c, d, "rate_limit_exceeded")
     wait = outcome.wait_seconds if outcome.wait_seconds > 0 else spec.window_seconds / spec.max_calls
     if wait > spec.max_wait_seconds or tx.count_events(e.id, EventType.STEP_RATE_LIMITED.value) > 0:
-        return _refuse(k, tx, e, sid, req, d, "rate_limit_exceeded", dispatch_id, attempt, now)
+        return _refuse(c, d, "rate_limit_exceeded")
     wait = min(wait + k.rng.uniform(0, wait / 2), spec.max_wait_seconds)
-    _renew(tx, dispatch_id, e.id, attempt, now)
-    limited = _rate_limited_event(sid, req, d, "rate_limit_exceeded")
-    queued = park_until(k, tx, e.id, now, wait)
-    tx.append(e.id, now, [limited, queued], decision=_limited_record(k, e, sid, req, d, "rate_limit_exceeded", now))
-    return StepAnswer("blocked", reason="rate_limit_exceeded", decided_rule=d.rule_id)
+    require_live_lease(tx, c.lease, c.now)
+    limited = _rate_limited_event(c, d, "rate_limit_exceeded")
+    queued = park_until(k, tx, e.id, c.now, wait)
+    tx.append(e.id, c.now, [limited, queued], decision=_limited_record(c, d, "rate_limit_exceeded", limited))
+    return StepAnswer(Answer.BLOCKED, reason="rate_limit_exceeded", decided_rule=d.rule_id)
 
 
-def _limited_record(
-    k: Kernel, e: Execution, sid: str, req: StepRequest, d: Decision, reason: str, now: datetime
-) -> tuple[int, DecisionRecord] | None:
-    if not k.record_decisions:
+def _limited_record(c: _Submit, d: Decision, reason: str, event: ev.Ev) -> DecisionAt | None:
+    if not c.k.record_decisions:
         return None
-    return 0, dlog.bind(policy_record(e, sid, req.kind, req.target, DecisionOutcome.RATE_LIMITED, d, now, reason=reason))
+    return DecisionAt(event, dlog.bind(policy_record(c.e, c.sid, c.req.kind, c.req.target,
+                                                     DecisionOutcome.RATE_LIMITED, d, c.now, reason=reason)))
 
 
-def _rate_limited_event(sid: str, req: StepRequest, d: Decision, reason: str) -> ev.Ev:
+def _rate_limited_event(c: _Submit, d: Decision, reason: str) -> ev.Ev:
     error = {"reason": reason, "rule_id": d.rule_id}
     fields = ev.decision_fields(d)
     fields.pop("reason", None)
-    return ev.step(EventType.STEP_RATE_LIMITED, sid, req.kind, req.target, error=error, **fields)
+    return ev.step(EventType.STEP_RATE_LIMITED, c.sid, c.req.kind, c.req.target, error=error, **fields)
 
 
-def _refuse(
-    k: Kernel, tx: Transaction, e: Execution, sid: str, req: StepRequest, d: Decision, reason: str,
-    dispatch_id: str, attempt: int, now: datetime,
-) -> StepAnswer:
-    _renew(tx, dispatch_id, e.id, attempt, now)
-    tx.append(e.id, now, [_rate_limited_event(sid, req, d, reason)],
-              decision=_limited_record(k, e, sid, req, d, reason, now))
-    return StepAnswer("rate_limited", reason=reason, decided_rule=d.rule_id)
+def _refuse(c: _Submit, d: Decision, reason: str) -> StepAnswer:
+    require_live_lease(c.tx, c.lease, c.now)
+    limited = _rate_limited_event(c, d, reason)
+    c.tx.append(c.e.id, c.now, [limited], decision=_limited_record(c, d, reason, limited))
+    return StepAnswer(Answer.RATE_LIMITED, reason=reason, decided_rule=d.rule_id)
 
 
 FORK_EFFECT_RULE = "__fork_effect"
@@ -374,12 +373,12 @@ def _gate_fork_effect(e: Execution, req: StepRequest, d: Decision) -> Decision:
                                reason="a fork runs this at_most_once effect live: approval required")
 
 
-def _record(
-    k: Kernel, tx: Transaction, e: Execution, sid: str, occurrence: int, req: StepRequest, d: Decision, now: datetime,
-    counter: tuple[str, str, str, str, int],
-) -> StepAnswer:
+def _record(c: _Submit, d: Decision) -> StepAnswer:
     """Write a step decided now: its row, its events, its decision record and its occurrence
-    counter's advance (`counter`), on PostgreSQL in one statement (`Tx.append`)."""
+    counter's advance, on PostgreSQL in one statement (`Tx.append`)."""
+    k, tx, e, sid, occurrence, req, now = c.k, c.tx, c.e, c.sid, c.occurrence, c.req, c.now
+    counter = (c.lease.dispatch_id, req.kind, req.target, req.args_hash, occurrence + 1)
+
     def row(status: StepStatus, **more: Any) -> Step:
         return Step(step_id=sid, execution_id=e.id, kind=req.kind, target=req.target, args_hash=req.args_hash,
                     occurrence=occurrence, status=status, idempotency=req.idempotency, **more)
@@ -387,30 +386,29 @@ def _record(
     proposed = ev.step(EventType.STEP_PROPOSED, sid, req.kind, req.target)
     fields = ev.decision_fields(d)
 
-    def record(outcome: DecisionOutcome, reason: str | None = None) -> tuple[int, DecisionRecord] | None:
-        # The decision event is the second of the batch, after step.proposed.
+    def record(decided: ev.Ev, outcome: DecisionOutcome, reason: str | None = None) -> DecisionAt | None:
         if not k.record_decisions:
             return None
-        return 1, dlog.bind(policy_record(e, sid, req.kind, req.target, outcome, d, now, reason=reason))
+        return DecisionAt(decided, dlog.bind(policy_record(e, sid, req.kind, req.target, outcome, d, now,
+                                                           reason=reason)))
 
     if d.verdict == Verdict.ALLOW:
+        allowed = ev.step(EventType.STEP_ALLOWED, sid, req.kind, req.target, **fields)
         tx.append(e.id, now, [
             proposed,
-            ev.step(EventType.STEP_ALLOWED, sid, req.kind, req.target, **fields),
+            allowed,
             ev.step(EventType.STEP_EXECUTING, sid, req.kind, req.target),
-        ], decision=record(DecisionOutcome.ALLOWED), step=(row(StepStatus.EXECUTING, started_at=now), req.args_text),
+        ], decision=record(allowed, DecisionOutcome.ALLOWED), step=(row(StepStatus.EXECUTING, started_at=now), req.args_text),
             counter=counter)
-        return StepAnswer("proceed", sid, decided_rule=d.rule_id)
+        return StepAnswer(Answer.PROCEED, sid, decided_rule=d.rule_id)
     if d.verdict == Verdict.DENY:
         reason = d.reason or "policy_denied"
         error = {"reason": reason, "rule_id": d.rule_id}
         fields["reason"] = reason
-        tx.append(e.id, now, [
-            proposed,
-            ev.step(EventType.STEP_DENIED, sid, req.kind, req.target, error=error, **fields),
-        ], decision=record(DecisionOutcome.DENIED, reason),
+        denied = ev.step(EventType.STEP_DENIED, sid, req.kind, req.target, error=error, **fields)
+        tx.append(e.id, now, [proposed, denied], decision=record(denied, DecisionOutcome.DENIED, reason),
             step=(row(StepStatus.DENIED, error=error, completed_at=now), req.args_text), counter=counter)
-        return StepAnswer("denied", sid, reason=reason, rule_id=d.rule_id, decided_rule=d.rule_id)
+        return StepAnswer(Answer.DENIED, sid, reason=reason, rule_id=d.rule_id, decided_rule=d.rule_id)
     # require_approval: the execution blocks and its lease is released until a human decides.
     cfg = d.approval
     timeout = cfg.timeout_seconds if cfg and cfg.timeout_seconds > 0 else k.approval_timeout
@@ -425,49 +423,50 @@ def _record(
     tx.insert_step(row(StepStatus.AWAITING_APPROVAL), req.args_text)
     tx.insert_approval(a)
     tx.retire_dispatches(e.id, now)
+    awaiting = ev.step(EventType.STEP_AWAITING_APPROVAL, sid, req.kind, req.target, **fields)
     tx.append(e.id, now, [
         proposed,
-        ev.step(EventType.STEP_AWAITING_APPROVAL, sid, req.kind, req.target, **fields),
+        awaiting,
         ev.approval(EventType.APPROVAL_REQUESTED, a, "pending"),
         ev.execution(EventType.EXECUTION_BLOCKED, e.id, ExecutionStatus.BLOCKED),
-    ], status=ExecutionStatus.BLOCKED, decision=record(DecisionOutcome.AWAITING_APPROVAL), counter=counter)
-    return StepAnswer("blocked", sid, approval_id=a.id, decided_rule=d.rule_id)
+    ], status=ExecutionStatus.BLOCKED, decision=record(awaiting, DecisionOutcome.AWAITING_APPROVAL), counter=counter)
+    return StepAnswer(Answer.BLOCKED, sid, approval_id=a.id, decided_rule=d.rule_id)
 
 
 def record_outcome(
-    k: Kernel, agent_id: str, execution_id: str, step_id: str, dispatch_id: str, attempt: int,
-    *, result: Any = None, error: Any = None, failed: bool = False,
+    k: Kernel, lease: Lease, step_id: str, *, result: Any = None, error: Any = None, failed: bool = False,
     captures: list[resources.Capture] | None = None, capture_failures: list[resources.CaptureFailure] | None = None,
 ) -> StepAnswer:
     """Complete or fail a step; a terminal outcome is never overwritten (replay answers it). The
     body's `captures` of its resources cover from the outcome's event (kernel/core/resources.py)."""
     now = k.clock.now()
+    execution_id = lease.execution_id
     # Nothing slow runs between the outcome's one read and its writes: on SQLite the transaction
     # takes the write lock at BEGIN, with no read snapshot (and its COMMIT) first.
     with k.store.transaction(lock=execution_id, write=True) as tx:
-        e0, s, d = tx.outcome_context(execution_id, step_id, dispatch_id)
-        e = owned(e0, agent_id)
+        e0, s, d = tx.outcome_context(execution_id, step_id, lease.dispatch_id)
+        e = owned(e0, lease.agent_id)
         if s is None or s.execution_id != execution_id:
             raise NotFound("step not found")
         if e.status.is_terminal:
-            return StepAnswer("execution_terminal")
+            return StepAnswer(Answer.EXECUTION_TERMINAL)
         if s.status.is_terminal:
             # The stored outcome, whichever call this is, as the submit route's replay answers it:
             # a succeeded step's result, any other terminal step's error, never `"result": null`
             # for a step that failed (rebuno-v0 §2.1: empty fields are omitted).
             if s.status == StepStatus.SUCCEEDED:
-                return StepAnswer("replay", result=s.result)
-            return StepAnswer("replay", error=s.error)
+                return StepAnswer(Answer.REPLAY, result=s.result)
+            return StepAnswer(Answer.REPLAY, error=s.error)
         if s.status != StepStatus.EXECUTING:
             raise Conflict(f"conflict: cannot record outcome for step in status {s.status.value}")
-        check_attempt(d, execution_id, attempt)
+        check_attempt(d, lease)
         # The outcome event and the step's update together, so that update also records the
         # event's seq (outcome_seq, which a fork's lineage reads): on PostgreSQL one statement.
         if failed:
             seq = tx.append(execution_id, now, [ev.step(EventType.STEP_FAILED, step_id, s.kind, s.target, error=error)],
                             outcome=(step_id, {"status": StepStatus.FAILED, "error": error, "completed_at": now}))
             resources.record_captures(tx, execution_id, now, captures or [], capture_failures or [], at_seq=seq)
-            return StepAnswer("recorded")
+            return StepAnswer(Answer.RECORDED)
         usage = parse_usage(result) if s.kind == StepKind.LLM_CALL else None
         values: dict[str, Any] = {"status": StepStatus.SUCCEEDED, "result": result, "completed_at": now}
         extra: dict[str, Any] = {}
@@ -478,7 +477,7 @@ def record_outcome(
         seq = tx.append(execution_id, now, [ev.step(EventType.STEP_SUCCEEDED, step_id, s.kind, s.target, **extra)],
                         outcome=(step_id, values))
         resources.record_captures(tx, execution_id, now, captures or [], capture_failures or [], at_seq=seq)
-        return StepAnswer("recorded")
+        return StepAnswer(Answer.RECORDED)
 
 
 def get_step(k: Kernel, execution_id: str, step_id: str, agent_id: str | None) -> Step:

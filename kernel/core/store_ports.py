@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from kernel.domain import (
         Agent,
         Approval,
+        DecisionAt,
         DecisionRecord,
         Dispatch,
         Event,
@@ -60,7 +61,7 @@ class ExecutionStore(Protocol):
 class StepStore(Protocol):
     """What the core reads and writes of steps, their answers and the writes of a step's outcome (sql_steps.py)."""
 
-    def append(self, execution_id: str, now: datetime, events: Sequence[tuple[str, dict[str, Any]]], *, decision: tuple[int, DecisionRecord] | None=..., step: tuple[Step, str | None] | None=..., counter: tuple[str, str, str, str, int] | None=..., outcome: tuple[str, dict[str, Any]] | None=..., **execution_values: Any) -> int: ...
+    def append(self, execution_id: str, now: datetime, events: Sequence[tuple[str, dict[str, Any]]], *, decision: DecisionAt | None=..., step: tuple[Step, str | None] | None=..., counter: tuple[str, str, str, str, int] | None=..., outcome: tuple[str, dict[str, Any]] | None=..., **execution_values: Any) -> int: ...
     def list_events(self, execution_id: str, after_seq: int, limit: int) -> list[Event]: ...
     def last_event_seq(self, execution_id: str) -> int: ...
     def count_events(self, execution_id: str, type_: str) -> int: ...

@@ -51,3 +51,13 @@ class DecisionRecord:
     credential: str | None = None
     event_seq: int | None = None
     judge: dict[str, Any] | None = None  # a judge rule's record (what was asked, the answer, latency)
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionAt:
+    """A decision record and the event it records, for the write of a batch of events: the record
+    takes that event's seq. `event` is one of the batch's events (the same object), so the writer
+    names the event, not its position in the batch."""
+
+    event: tuple[str, dict[str, Any]]
+    record: DecisionRecord

@@ -34,6 +34,20 @@ TERMINAL_STEP_STATUSES = frozenset(
 )
 
 
+class Answer(StrEnum):
+    """The word a step call answers with: the `decision` field of the v0 API (rebuno-v0 §2.1).
+    Submit answers the first seven, an outcome `recorded`, `replay` or `execution_terminal`."""
+
+    PROCEED = "proceed"
+    REPLAY = "replay"
+    DENIED = "denied"
+    RATE_LIMITED = "rate_limited"
+    BLOCKED = "blocked"
+    EXECUTION_BLOCKED = "execution_blocked"
+    EXECUTION_TERMINAL = "execution_terminal"
+    RECORDED = "recorded"
+
+
 class Idempotency(StrEnum):
     SAFE_TO_RETRY = "safe_to_retry"
     AT_MOST_ONCE = "at_most_once"

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 from starlette.routing import Mount
 
+from kernel.domain import Lease as KernelLease
 from kernel.errors import CODE_TO_STATUS, RegentError
 from kernel.gateway.kernel_client import Lease
 from kernel.manifest import Manifest
@@ -52,9 +53,9 @@ class Answer:
         return self.body
 
 
-LeaseOf = Callable[[], tuple[str, int]]
-Submit = Callable[[str, str, LeaseOf, bytes], Awaitable[Any]]
-Outcome = Callable[[str, str, str, LeaseOf, bytes, bool], Awaitable[Any]]
+LeaseOf = Callable[[], KernelLease]
+Submit = Callable[[LeaseOf, bytes], Awaitable[Any]]
+Outcome = Callable[[LeaseOf, str, bytes, bool], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +64,8 @@ class Host:
     this room imports nothing of the API: the agent routes' work after their signature check
     (`kernel.api.routes.agent.submit`/`outcome`, bound to the kernel and the API's metrics)."""
 
-    submit: Submit  # (agent, execution, its lease, body) -> the decision
-    outcome: Outcome  # (agent, execution, step, its lease, body, failed) -> the answer
+    submit: Submit  # (the lease, body) -> the decision
+    outcome: Outcome  # (the lease, step, body, failed) -> the answer
 
 
 class CoreLink(AgentLink):
@@ -78,7 +79,7 @@ class CoreLink(AgentLink):
 
     async def submit(self, lease: Lease, target: str, args: Any, idempotency: str, kind: str = "tool_call") -> Answer:
         raw = _body({"kind": kind, "target": target, "args": args, "idempotency": idempotency})
-        return await self._answer(lambda: self.host.submit(self.agent_id, lease.execution_id, _held(lease), raw))
+        return await self._answer(lambda: self.host.submit(_held(lease), raw))
 
     async def complete_step(self, lease: Lease, step_id: str, result: Any) -> Answer:
         return await self._outcome(lease, step_id, {"result": result}, failed=False)
@@ -88,8 +89,7 @@ class CoreLink(AgentLink):
 
     async def _outcome(self, lease: Lease, step_id: str, payload: Any, failed: bool) -> Answer:
         raw = _body(payload)
-        return await self._answer(lambda: self.host.outcome(self.agent_id, lease.execution_id, step_id, _held(lease),
-                                                            raw, failed))
+        return await self._answer(lambda: self.host.outcome(_held(lease), step_id, raw, failed))
 
     async def _answer(self, call: Callable[[], Awaitable[Any]]) -> Answer:
         """The answer, or the error envelope the route would have answered with."""
@@ -105,7 +105,7 @@ class CoreLink(AgentLink):
 
 def _held(lease: Lease) -> LeaseOf:
     """The lease as the routes read it from the dispatch headers: the ids the kernel delivered."""
-    return lambda: (lease.dispatch_id, int(lease.dispatch_attempt))
+    return lambda: KernelLease(lease.agent_id, lease.execution_id, lease.dispatch_id, int(lease.dispatch_attempt))
 
 
 def _body(payload: Any) -> bytes:

@@ -34,6 +34,7 @@ import yaml
 from kernel import yamldoc
 from kernel.errors import ValidationError
 from kernel.policy.rego.bundle import MAX_BUNDLE_BYTES, MAX_BUNDLE_FILES
+from kernel.policy.rego.bundle_files import strip_top_directory
 
 __all__ = [
     "ALGORITHMS",
@@ -210,17 +211,6 @@ def _normal(name: str) -> str | None:
     return "/".join(parts)
 
 
-def _strip_top(files: dict[str, bytes]) -> dict[str, bytes]:
-    """As the loader does: `tar czf b.tar.gz b/` puts the bundle under `b/`."""
-    if ".manifest" in files or not files:
-        return files
-    tops = {p.split("/", 1)[0] for p in files}
-    if len(tops) == 1 and all("/" in p for p in files):
-        top = tops.pop() + "/"
-        return {p[len(top):]: v for p, v in files.items()}
-    return files
-
-
 def read_bundle_files(source: str | os.PathLike[str] | bytes) -> dict[str, bytes]:
     """Every regular file of a bundle (directory, tarball path or tarball bytes), by its path
     from the bundle root — the names a signature lists."""
@@ -278,7 +268,7 @@ def _tar_files(raw: bytes, name: str) -> dict[str, bytes]:
                 files[path] = fh.read() if fh else b""
     except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:  # zlib.error: corrupt gzip data
         raise ValidationError(f"{name}: not a readable tarball ({exc})") from None
-    return _strip_top(files)
+    return strip_top_directory(files)  # as the loader does
 
 
 def policy_files(files: dict[str, bytes]) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from kernel.domain import DecisionRecord, Event, Step, StepStatus
+from kernel.domain import DecisionAt, Event, Step, StepStatus
 from kernel.store import codec
 from kernel.store import tables as t
 from kernel.store.dialect import TxPart
@@ -47,7 +47,7 @@ class StepQueries(TxPart):
     # -- events ---------------------------------------------------------------------------
     def append(
         self, execution_id: str, now: datetime, events: Sequence[tuple[str, dict[str, Any]]],
-        *, decision: tuple[int, DecisionRecord] | None = None,
+        *, decision: DecisionAt | None = None,
         step: tuple[Step, str | None] | None = None, counter: tuple[str, str, str, str, int] | None = None,
         outcome: tuple[str, dict[str, Any]] | None = None, **execution_values: Any,
     ) -> int:
@@ -55,7 +55,7 @@ class StepQueries(TxPart):
         statement (with the decision's journal row, the new step and its counter too), elsewhere
         in two or more.
 
-        `decision`: (index in `events` of the decision event, its record): the decisions row is
+        `decision`: a decision record and its event (one of `events`): the decisions row is
         written in this transaction, with that event's seq. Must run under the execution's lock.
         An outcome event (step.succeeded, step.failed, step.denied) writes its seq on its step.
         `step`: (a step decided now, its args text), inserted as `insert_step` would, before the
@@ -75,8 +75,10 @@ class StepQueries(TxPart):
         execution_values["updated_at"] = now
         keys = tuple(sorted(execution_values))
         params: dict[str, Any] | None = None
+        index = None  # the decision event's place in `events`
         if decision is not None:
-            params = decision_params(decision[1])
+            params = decision_params(decision.record)
+            index = _event_index(events, decision.event)
         marked = None  # a step whose outcome seq the one statement wrote
         changed: tuple[int, str, dict[str, Any]] | None = None
         if outcome is not None:
@@ -93,7 +95,6 @@ class StepQueries(TxPart):
                 values[f"type_{i}"], values[f"payload_{i}"] = str(typ), codec.dumps(payload)
             if params is not None:
                 values.update({f"d_{c}": v for c, v in params.items() if c != "event_seq"})
-            index = decision[0] if decision is not None else None
             new_step = None  # the new step's outcome event index, -1 for none
             if step is not None:
                 sid = step[0].step_id
@@ -120,7 +121,7 @@ class StepQueries(TxPart):
             if last is None:
                 raise LookupError(f"execution {execution_id} not found")
             if n:
-                self._insert_events(execution_id, now, events, last, decision, params)
+                self._insert_events(execution_id, now, events, last, index, params)
             if counter is not None:
                 self.advance_counter(*counter)
             if changed is not None:
@@ -133,7 +134,7 @@ class StepQueries(TxPart):
 
     def _insert_events(
         self, execution_id: str, now: datetime, events: Sequence[tuple[str, dict[str, Any]]], last: int,
-        decision: tuple[int, DecisionRecord] | None, params: dict[str, Any] | None,
+        index: int | None, params: dict[str, Any] | None,
     ) -> None:
         n = len(events)
         first = last - n + 1
@@ -141,8 +142,8 @@ class StepQueries(TxPart):
             (execution_id, first + i, str(typ), codec.dumps(payload), now)
             for i, (typ, payload) in enumerate(events)
         ]
-        if decision is not None and params is not None:
-            params["event_seq"] = first + decision[0]
+        if index is not None and params is not None:
+            params["event_seq"] = first + index
         event_params = (
             {f"{c}_{i}": v for i, row in enumerate(rows) for c, v in zip(EVENT_COLUMNS, row, strict=True)}
             if n <= MAX_EVENT_ROWS else None
@@ -267,6 +268,14 @@ def _outcome_index(events: Sequence[tuple[str, dict[str, Any]]], step_id: str) -
     `events`, or -1."""
     return next((i for i, (typ, payload) in enumerate(events)
                  if typ in OUTCOME_EVENT_TYPES and payload.get("step_id") == step_id), -1)
+
+
+def _event_index(events: Sequence[tuple[str, dict[str, Any]]], event: tuple[str, dict[str, Any]]) -> int:
+    """The index of `event` (that object, not an equal one) in `events`."""
+    for i, at in enumerate(events):
+        if at is event:
+            return i
+    raise ValueError("the decision's event is not in the batch")
 
 
 def _step_update_values(values: dict[str, Any]) -> dict[str, Any]:

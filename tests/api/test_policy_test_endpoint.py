@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from kernel.core.kernel import Kernel
+from kernel.domain import Lease
 from tests.conftest import Running
 from tests.support import AgentClient, ServerThread
 
@@ -172,7 +173,7 @@ def test_backtest_replays_the_agents_executions_newest_first_within_session_sinc
         e, _ = executions.create_execution(governed, "shell", i, lineage=Lineage(session=session))
         if i == 1:  # queued behind the first one of s1: admit it by ending the first
             c0 = leases[ids[0]]
-            executions.finish_execution(governed, "shell", ids[0], c0.dispatch_id, c0.attempt, output=None)
+            executions.finish_execution(governed, Lease("shell", ids[0], c0.dispatch_id, c0.attempt), output=None)
         c = leases[e.id] = next(c for c in claim_due(governed, 10) if c.execution_id == e.id)
         agent_client.lease(c.dispatch_id, c.attempt)
         agent_client.submit(e.id, "shell_exec", {"command": f"rm -rf /{i}"})

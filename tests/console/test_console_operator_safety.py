@@ -38,6 +38,7 @@ from kernel.domain import (
     Decision,
     Execution,
     ExecutionStatus,
+    Lease,
     Verdict,
 )
 from kernel.ids import new_uuid7
@@ -79,7 +80,7 @@ class Console:
                                                   approval=ApprovalConfig(approvers, message="check the payee")))
         e, _ = create_execution(self.kernel, "shell", None, created_by=created_by)
         [c] = [c for c in claim_due(self.kernel, 100) if c.execution_id == e.id]
-        a = steps.submit_step(self.kernel, "shell", e.id, c.dispatch_id, c.attempt,
+        a = steps.submit_step(self.kernel, Lease("shell", e.id, c.dispatch_id, c.attempt),
                               req(target=target, args=args or {"iban": "DE02 1203 0000 0000 2020 51", "eur": 1200}))
         assert a.approval_id
         return e.id, a.approval_id

@@ -9,6 +9,7 @@ import hashlib
 from kernel.core import approvals, policies, steps
 from kernel.core.approvals import Principal
 from kernel.core.kernel import Kernel
+from kernel.domain import Lease
 from kernel.identity import args_hash
 from tests.conftest import Running
 
@@ -36,7 +37,7 @@ def test_decision_events_carry_the_policy_hash_and_reason_and_denials_the_rule(
     k = governed
     policies.store_policy(k, "shell", "yaml", BUNDLE)
     eid, did, att = running.start()
-    answers = {t: steps.submit_step(k, "shell", eid, did, att, _req(t)) for t in ("read", "rm", "other", "pay")}
+    answers = {t: steps.submit_step(k, Lease("shell", eid, did, att), _req(t)) for t in ("read", "rm", "other", "pay")}
     assert {t: a.decision for t, a in answers.items()} == {
         "read": "proceed", "rm": "denied", "other": "denied", "pay": "blocked"}
     assert [answers[t].to_json()["rule_id"] for t in ("rm", "other")] == ["no-rm", "default"]
@@ -55,7 +56,7 @@ def test_approval_events_name_the_rule_and_bundle_that_asked(governed: Kernel, r
     k = governed
     policies.store_policy(k, "shell", "yaml", BUNDLE)
     eid, did, att = running.start()
-    asked = steps.submit_step(k, "shell", eid, did, att, _req("pay"))
+    asked = steps.submit_step(k, Lease("shell", eid, did, att), _req("pay"))
     assert asked.decision == "blocked" and asked.approval_id
     approvals.decide_approval(k, asked.approval_id, grant=False, principal=Principal(admin=True),
                               decided_by="ops", rationale="not today")

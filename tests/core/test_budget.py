@@ -11,7 +11,15 @@ import pytest
 from kernel.core import steps
 from kernel.core.kernel import Kernel
 from kernel.core.usage import parse_usage
-from kernel.domain import BudgetSpec, Decision, ExecutionStatus, PolicyInput, StepStatus, Verdict
+from kernel.domain import (
+    BudgetSpec,
+    Decision,
+    ExecutionStatus,
+    Lease,
+    PolicyInput,
+    StepStatus,
+    Verdict,
+)
 from kernel.identity import args_hash, canonical_json
 from tests.conftest import Running
 
@@ -101,9 +109,9 @@ def test_parse_usage_reads_the_provider_formats(result: Any, usage: tuple[int, i
 
 
 def _llm_step(k: Kernel, eid: str, did: str, att: int, result: Any, n: int = 0) -> steps.StepAnswer:
-    a = steps.submit_step(k, "shell", eid, did, att, req(args={"n": n}))
+    a = steps.submit_step(k, Lease("shell", eid, did, att), req(args={"n": n}))
     if a.decision == "proceed":
-        steps.record_outcome(k, "shell", eid, a.step_id, did, att, result=result)
+        steps.record_outcome(k, Lease("shell", eid, did, att), a.step_id, result=result)
     return a
 
 
@@ -121,8 +129,8 @@ def test_step_succeeded_carries_usage_and_the_step_stores_it(kernel: Kernel, run
 @pytest.mark.parametrize("kind", ["tool_call", "local"])
 def test_usage_is_never_parsed_for_tool_or_local_steps(kernel: Kernel, running: Running, kind: str) -> None:
     eid, did, att = running.start()
-    a = steps.submit_step(kernel, "shell", eid, did, att, req(kind=kind))
-    steps.record_outcome(kernel, "shell", eid, a.step_id, did, att, result=OPENAI_CHAT)
+    a = steps.submit_step(kernel, Lease("shell", eid, did, att), req(kind=kind))
+    steps.record_outcome(kernel, Lease("shell", eid, did, att), a.step_id, result=OPENAI_CHAT)
     with kernel.store.read() as tx:
         assert "usage" not in tx.list_events(eid, 0, 100)[-1].payload
         assert tx.token_usage(eid) == (0, 0)
@@ -130,10 +138,10 @@ def test_usage_is_never_parsed_for_tool_or_local_steps(kernel: Kernel, running: 
 
 def test_usage_is_not_parsed_on_fail_or_on_a_duplicate_complete(kernel: Kernel, running: Running) -> None:
     eid, did, att = running.start()
-    failed = steps.submit_step(kernel, "shell", eid, did, att, req(args={"n": 1}))
-    steps.record_outcome(kernel, "shell", eid, failed.step_id, did, att, error=OPENAI_CHAT, failed=True)
+    failed = steps.submit_step(kernel, Lease("shell", eid, did, att), req(args={"n": 1}))
+    steps.record_outcome(kernel, Lease("shell", eid, did, att), failed.step_id, error=OPENAI_CHAT, failed=True)
     done = _llm_step(kernel, eid, did, att, OPENAI_CHAT, n=2)
-    again = steps.record_outcome(kernel, "shell", eid, done.step_id, did, att, result=ANTHROPIC_MESSAGE)
+    again = steps.record_outcome(kernel, Lease("shell", eid, did, att), done.step_id, result=ANTHROPIC_MESSAGE)
     assert again.decision == "replay"
     with kernel.store.read() as tx:
         assert tx.token_usage(eid) == (12, 7)
@@ -147,7 +155,7 @@ def test_the_execution_meter_sums_usage_and_policy_sees_it(kernel: Kernel, runni
     _llm_step(kernel, eid, did, att, ANTHROPIC_MESSAGE, n=2)
     with kernel.store.read() as tx:
         assert tx.token_usage(eid) == (12 + 25, 7 + 11)
-    steps.submit_step(kernel, "shell", eid, did, att, req(args={"n": 3}))
+    steps.submit_step(kernel, Lease("shell", eid, did, att), req(args={"n": 3}))
     assert policy.inputs[-1].usage == {"input_tokens": 37, "output_tokens": 18}
 
 
@@ -203,7 +211,7 @@ def test_budget_only_applies_to_allow_decisions(
     eid, did, att = running.start()
     _llm_step(kernel, eid, did, att, OPENAI_CHAT, n=0)
     kernel.policy = budget(1, verdict=verdict)
-    a = steps.submit_step(kernel, "shell", eid, did, att, req(args={"n": 1}))
+    a = steps.submit_step(kernel, Lease("shell", eid, did, att), req(args={"n": 1}))
     assert (a.decision, a.reason) == (decision, reason)
 
 
@@ -261,7 +269,7 @@ def test_a_session_budget_counts_the_tokens_of_every_execution_of_the_session(ke
     # The first turn spends 19 + 19 = 38: over the session's 30 once its second call has run.
     assert [_llm_step(kernel, first, c1.dispatch_id, c1.attempt, OPENAI_CHAT, n=i).decision for i in range(2)] == [
         "proceed", "proceed"]
-    executions.finish_execution(kernel, "shell", first, c1.dispatch_id, c1.attempt, output="turn 1")
+    executions.finish_execution(kernel, Lease("shell", first, c1.dispatch_id, c1.attempt), output="turn 1")
     c2 = next(c for c in claim_due(kernel, 10) if c.execution_id == second)
     # The second turn has spent nothing of its own, but the session has: its first call is denied.
     denied = _llm_step(kernel, second, c2.dispatch_id, c2.attempt, OPENAI_CHAT)

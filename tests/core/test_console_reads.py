@@ -13,7 +13,7 @@ from kernel.core import audit, steps, timeline
 from kernel.core.audit import DecisionQuery
 from kernel.core.executions import cancel_execution
 from kernel.core.kernel import Kernel
-from kernel.domain import Decision, Verdict
+from kernel.domain import Decision, Lease, Verdict
 from kernel.store import tables as t
 from kernel.store.base import SqlStore
 from tests.conftest import Running
@@ -43,7 +43,7 @@ def test_execution_page_filters_by_created_range_pages_by_keyset_and_counts_by_s
 def test_timeline_folds_each_steps_events_into_one_row_with_its_decision(kernel: Kernel, running: Running) -> None:
     kernel.policy = FixedPolicy(Decision(Verdict.DENY, "no-email", "not today"))
     eid, did, att = running.start()
-    steps.submit_step(kernel, "shell", eid, did, att, req(target="send_email", args={"to": "a@example.com"}))
+    steps.submit_step(kernel, Lease("shell", eid, did, att), req(target="send_email", args={"to": "a@example.com"}))
     t = timeline.timeline(kernel, eid)
     [row] = [r for r in t.rows if isinstance(r, timeline.StepRow)]
     assert (row.target, row.decision, row.rule_id, row.reason) == ("send_email", "deny", "no-email", "not today")
@@ -58,11 +58,11 @@ def test_decision_counts_fall_in_their_time_buckets_by_outcome(kernel: Kernel, r
     since = clock.now()  # 12:00, a whole hour
     eid, did, att = running.start()
     kernel.policy = FixedPolicy(Decision(Verdict.ALLOW, "ok"))
-    steps.submit_step(kernel, "shell", eid, did, att, req(target="a"))
+    steps.submit_step(kernel, Lease("shell", eid, did, att), req(target="a"))
     clock.advance(3600 + 1)  # the second hour
-    steps.submit_step(kernel, "shell", eid, did, att, req(target="b"))
+    steps.submit_step(kernel, Lease("shell", eid, did, att), req(target="b"))
     kernel.policy = FixedPolicy(Decision(Verdict.DENY, "no"))
-    steps.submit_step(kernel, "shell", eid, did, att, req(target="c"))
+    steps.submit_step(kernel, Lease("shell", eid, did, att), req(target="c"))
     clock.advance(3 * 3600)
     window = since + timedelta(hours=6)  # 15-minute buckets: counted from the records
     counts = audit.count_decisions(kernel, DecisionQuery(), since, window)
@@ -92,7 +92,7 @@ def _decide(kernel: Kernel, running: Running, n: int, verdict: Verdict = Verdict
     eid, did, att = running.start()
     kernel.policy = FixedPolicy(Decision(verdict, f"rule-{verdict.value}"))
     for i in range(n):
-        steps.submit_step(kernel, "shell", eid, did, att, req(target=target, args={"i": i}))
+        steps.submit_step(kernel, Lease("shell", eid, did, att), req(target=target, args={"i": i}))
 
 
 def test_closed_hours_are_summed_from_the_rollup_not_scanned_again(
@@ -202,7 +202,7 @@ def test_the_inbox_pages_every_pending_approval_both_ways_in_either_order_with_f
         kernel.policy = FixedPolicy(Decision(Verdict.REQUIRE_APPROVAL, "ask", approval=ApprovalConfig(approvers)))
         eid, did, att = running.start()
         target = f"pay_{i % 2}"
-        asked.append((steps.submit_step(kernel, "shell", eid, did, att, req(target=target)).approval_id, target))
+        asked.append((steps.submit_step(kernel, Lease("shell", eid, did, att), req(target=target)).approval_id, target))
         if i % 4:
             clock.advance(1)  # some share a created_at: the id breaks the tie
     alice = Principal(name="alice", scopes=frozenset({"approvals:read", "approvals:write"}), key_id="k-alice")

@@ -25,7 +25,7 @@ from kernel.core.agents import register_agent
 from kernel.core.dispatch import Claim, claim_due
 from kernel.core.kernel import Kernel
 from kernel.dispatcher import Dispatcher, reap_interval, webhook_body
-from kernel.domain import Decision, DispatchStatus, PolicyInput, Verdict
+from kernel.domain import Decision, DispatchStatus, Lease, PolicyInput, Verdict
 from kernel.identity import args_hash
 from tests.support import ServerThread, free_port
 
@@ -388,7 +388,7 @@ def test_failure_verdict_is_dropped_when_the_delivery_lost_its_row(
         b = r.bodies()[0]
         # during the webhook call the agent blocks on an approval, which retires the row
         answer = await anyio.to_thread.run_sync(
-            lambda: steps.submit_step(kernel, "hello", eid, b["dispatch_id"], b["dispatch_attempt"], req))
+            lambda: steps.submit_step(kernel, Lease("hello", eid, b["dispatch_id"], b["dispatch_attempt"]), req))
         r.release.set()
         await d.drain()
         return answer.decision

@@ -9,6 +9,7 @@ import pytest
 from kernel.core import executions, forks, steps
 from kernel.core.dispatch import claim_due
 from kernel.core.kernel import Kernel
+from kernel.domain import Lease
 from kernel.errors import ValidationError
 from kernel.identity import args_hash
 from tests.conftest import Running
@@ -23,10 +24,10 @@ def _run(k: Kernel, eid: str, targets: list[str], idempotency: str = "safe_to_re
     c = next(c for c in claim_due(k, 100) if c.execution_id == eid)
     out = []
     for target in targets:
-        ans = steps.submit_step(k, "shell", eid, c.dispatch_id, c.attempt, _req(target, idempotency))
+        ans = steps.submit_step(k, Lease("shell", eid, c.dispatch_id, c.attempt), _req(target, idempotency))
         out.append(ans.decision)
         if ans.decision == "proceed":
-            steps.record_outcome(k, "shell", eid, str(ans.step_id), c.dispatch_id, c.attempt, result=f"r-{target}")
+            steps.record_outcome(k, Lease("shell", eid, c.dispatch_id, c.attempt), str(ans.step_id), result=f"r-{target}")
     return out
 
 
@@ -62,12 +63,12 @@ def test_an_outcome_recorded_after_the_fork_point_is_not_replayed(running: Runni
     k = running.kernel
     src = executions.create_execution(k, "shell", None)[0].id
     c = next(c for c in claim_due(k, 100) if c.execution_id == src)
-    a = steps.submit_step(k, "shell", src, c.dispatch_id, c.attempt, _req("slow"))
-    b = steps.submit_step(k, "shell", src, c.dispatch_id, c.attempt, _req("fast"))
-    steps.record_outcome(k, "shell", src, str(b.step_id), c.dispatch_id, c.attempt, result="fast")
+    a = steps.submit_step(k, Lease("shell", src, c.dispatch_id, c.attempt), _req("slow"))
+    b = steps.submit_step(k, Lease("shell", src, c.dispatch_id, c.attempt), _req("fast"))
+    steps.record_outcome(k, Lease("shell", src, c.dispatch_id, c.attempt), str(b.step_id), result="fast")
     with k.store.read() as tx:
         at = tx.last_event_seq(src)  # "fast" has its outcome, "slow" is still executing
-    steps.record_outcome(k, "shell", src, str(a.step_id), c.dispatch_id, c.attempt, result="slow")
+    steps.record_outcome(k, Lease("shell", src, c.dispatch_id, c.attempt), str(a.step_id), result="slow")
     fork = forks.fork_execution(k, src, at)
     assert _run(k, fork.id, ["slow", "fast"]) == ["proceed", "replay"]
 
@@ -78,8 +79,8 @@ def test_a_fork_of_many_steps_costs_the_same_to_create_and_replays_them_all(runn
     c = next(c for c in claim_due(k, 100) if c.execution_id == src)
     n = 300
     for i in range(n):
-        ans = steps.submit_step(k, "shell", src, c.dispatch_id, c.attempt, _req(f"s{i}"))
-        steps.record_outcome(k, "shell", src, str(ans.step_id), c.dispatch_id, c.attempt, result=i)
+        ans = steps.submit_step(k, Lease("shell", src, c.dispatch_id, c.attempt), _req(f"s{i}"))
+        steps.record_outcome(k, Lease("shell", src, c.dispatch_id, c.attempt), str(ans.step_id), result=i)
     with k.store.read() as tx:
         last = tx.last_event_seq(src)
     fork = forks.fork_execution(k, src, last)
@@ -95,7 +96,7 @@ def test_a_live_at_most_once_step_in_a_fork_needs_approval(running: Running) -> 
     assert _run(k, src, ["pay"], "at_most_once") == ["proceed"]
     fork = forks.fork_execution(k, src, 0)  # before the payment: the fork reaches it live
     c = next(c for c in claim_due(k, 100) if c.execution_id == fork.id)
-    ans = steps.submit_step(k, "shell", fork.id, c.dispatch_id, c.attempt, _req("pay", "at_most_once"))
+    ans = steps.submit_step(k, Lease("shell", fork.id, c.dispatch_id, c.attempt), _req("pay", "at_most_once"))
     assert ans.decision == "blocked" and ans.approval_id
     with k.store.read() as tx:
         [awaiting] = [e.payload for e in tx.list_events(fork.id, 0, 100) if e.type == "step.awaiting_approval"]

@@ -10,7 +10,7 @@ from kernel.core.agents import register_agent
 from kernel.core.dispatch import claim_due, reap_expired_leases
 from kernel.core.executions import create_execution
 from kernel.core.kernel import Kernel
-from kernel.domain import DispatchStatus
+from kernel.domain import DispatchStatus, Lease
 
 
 def _advance(k: Kernel, seconds: float) -> None:
@@ -55,7 +55,7 @@ def test_a_renewed_lease_expires_one_period_after_the_renewal(kernel: Kernel) ->
     register_agent(kernel, "short", "http://127.0.0.1:9/webhook", "s", 10, keep_policy=True)
     [(eid, did, att)] = _start(kernel, "short", 1)
     _advance(kernel, 8)
-    executions.heartbeat(kernel, "short", eid, did, att)  # RENEW_LEASE: expiry = now + 10 s
+    executions.heartbeat(kernel, Lease("short", eid, did, att))  # RENEW_LEASE: expiry = now + 10 s
     _advance(kernel, 8)  # 16 s after the claim, 8 s after the heartbeat
     assert reap_expired_leases(kernel) == 0
     assert _status(kernel, did) == DispatchStatus.IN_FLIGHT
@@ -69,7 +69,7 @@ def test_the_kernel_default_lease_applies_to_an_agent_without_one(kernel: Kernel
     register_agent(kernel, "dflt", "http://127.0.0.1:9/webhook", "s", None, keep_policy=True)
     [(eid, did, att)] = _start(kernel, "dflt", 1)
     _advance(kernel, 1)
-    executions.heartbeat(kernel, "dflt", eid, did, att)
+    executions.heartbeat(kernel, Lease("dflt", eid, did, att))
     _advance(kernel, 1.4)
     assert reap_expired_leases(kernel) == 0
     _advance(kernel, timedelta(milliseconds=100).total_seconds())

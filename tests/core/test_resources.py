@@ -8,6 +8,7 @@ import pytest
 from kernel.core import executions, forks, resources, steps
 from kernel.core.dispatch import claim_due
 from kernel.core.kernel import Kernel
+from kernel.domain import Lease
 from kernel.errors import ValidationError
 from kernel.identity import args_hash
 from tests.conftest import Running
@@ -27,17 +28,17 @@ def _started(k: Kernel) -> tuple[str, str, int]:
 def test_proceed_answers_carry_generations_and_due_captures(running: Running) -> None:
     k = running.kernel
     eid, did, att = _started(k)
-    view = resources.register(k, "shell", eid, did, att, resources.Registration("db", "pg", every_steps=2))
+    view = resources.register(k, Lease("shell", eid, did, att), resources.Registration("db", "pg", every_steps=2))
     assert (view["generation"], view["covered"], view["binding"], view["checkpoint_ref"]) == (0, False, None, "")
-    resources.bind(k, "shell", eid, did, att, "db", {"dsn": "x"})
-    assert resources.register(k, "shell", eid, did, att, resources.Registration("db", "pg", every_steps=2))["binding"] == {"dsn": "x"}
-    a = steps.submit_step(k, "shell", eid, did, att, _req("t0", "db"))
+    resources.bind(k, Lease("shell", eid, did, att), "db", {"dsn": "x"})
+    assert resources.register(k, Lease("shell", eid, did, att), resources.Registration("db", "pg", every_steps=2))["binding"] == {"dsn": "x"}
+    a = steps.submit_step(k, Lease("shell", eid, did, att), _req("t0", "db"))
     assert a.to_json()["resources"] == [{"key": "db", "generation": 1, "due": False}]
-    steps.record_outcome(k, "shell", eid, str(a.step_id), did, att, result=1)
-    b = steps.submit_step(k, "shell", eid, did, att, _req("t1", "db"))
+    steps.record_outcome(k, Lease("shell", eid, did, att), str(a.step_id), result=1)
+    b = steps.submit_step(k, Lease("shell", eid, did, att), _req("t1", "db"))
     assert b.resources == [{"key": "db", "generation": 2, "due": True}]
     # A stale capture (an older generation) is logged and covers nothing; the current one covers.
-    steps.record_outcome(k, "shell", eid, str(b.step_id), did, att, result=2,
+    steps.record_outcome(k, Lease("shell", eid, did, att), str(b.step_id), result=2,
                          captures=[resources.Capture("db", 1, "old"), resources.Capture("db", 2, "cp-2")])
     [row] = resources.list_views(k, eid, None)
     assert (row["covered"], row["checkpoint_ref"], row["generation"]) == (True, "cp-2", 2)
@@ -46,21 +47,21 @@ def test_proceed_answers_carry_generations_and_due_captures(running: Running) ->
     assert done == [{"key": "db", "generation": 1, "checkpoint_ref": "old", "stale": True},
                     {"key": "db", "generation": 2, "checkpoint_ref": "cp-2"}]
     # A step without resources carries none; one naming an unregistered resource is refused.
-    assert steps.submit_step(k, "shell", eid, did, att, _req("plain")).resources is None
+    assert steps.submit_step(k, Lease("shell", eid, did, att), _req("plain")).resources is None
     with pytest.raises(ValidationError):
-        steps.submit_step(k, "shell", eid, did, att, _req("t2", "nope"))
+        steps.submit_step(k, Lease("shell", eid, did, att), _req("t2", "nope"))
 
 
 def test_a_driver_with_coverage_reuse_restores_an_older_checkpoint_reported_not_covered(running: Running) -> None:
     k = running.kernel
     eid, did, att = _started(k)
-    resources.register(k, "shell", eid, did, att, resources.Registration("a", "d", every_steps=1))
-    resources.register(k, "shell", eid, did, att, resources.Registration("b", "d", every_steps=1, coverage_reuse=True))
-    resources.publish(k, "shell", eid, did, att, [resources.Capture("a", 0, "a0"), resources.Capture("b", 0, "b0")], [])
-    s = steps.submit_step(k, "shell", eid, did, att, _req("t0", "a", "b"))
+    resources.register(k, Lease("shell", eid, did, att), resources.Registration("a", "d", every_steps=1))
+    resources.register(k, Lease("shell", eid, did, att), resources.Registration("b", "d", every_steps=1, coverage_reuse=True))
+    resources.publish(k, Lease("shell", eid, did, att), [resources.Capture("a", 0, "a0"), resources.Capture("b", 0, "b0")], [])
+    s = steps.submit_step(k, Lease("shell", eid, did, att), _req("t0", "a", "b"))
     with k.store.read() as tx:
         inside = tx.last_event_seq(eid)
-    steps.record_outcome(k, "shell", eid, str(s.step_id), did, att, result=0,
+    steps.record_outcome(k, Lease("shell", eid, did, att), str(s.step_id), result=0,
                          capture_failures=[resources.CaptureFailure("a", 1, "disk full"),
                                            resources.CaptureFailure("b", 1, "disk full")])
     fork = forks.fork_execution(k, eid, inside)
@@ -80,16 +81,16 @@ def test_a_session_turn_inherits_its_previous_turns_resources_and_bindings(runni
     chat = Lineage(session="sandboxed")
     turn1, turn2, turn3 = (executions.create_execution(k, "shell", i, lineage=chat)[0].id for i in range(3))
     c1 = next(c for c in claim_due(k, 100) if c.execution_id == turn1)
-    resources.register(k, "shell", turn1, c1.dispatch_id, c1.attempt,
+    resources.register(k, Lease("shell", turn1, c1.dispatch_id, c1.attempt),
                        resources.Registration("box", "dir", every_steps=1, on_completion=True))
-    resources.bind(k, "shell", turn1, c1.dispatch_id, c1.attempt, "box", {"path": "/tmp/box-1"})
-    a = steps.submit_step(k, "shell", turn1, c1.dispatch_id, c1.attempt, _req("t0", "box"))
-    steps.record_outcome(k, "shell", turn1, str(a.step_id), c1.dispatch_id, c1.attempt, result=1,
+    resources.bind(k, Lease("shell", turn1, c1.dispatch_id, c1.attempt), "box", {"path": "/tmp/box-1"})
+    a = steps.submit_step(k, Lease("shell", turn1, c1.dispatch_id, c1.attempt), _req("t0", "box"))
+    steps.record_outcome(k, Lease("shell", turn1, c1.dispatch_id, c1.attempt), str(a.step_id), result=1,
                          captures=[resources.Capture("box", 1, "snap-1")])
-    executions.finish_execution(k, "shell", turn1, c1.dispatch_id, c1.attempt, output="one")
+    executions.finish_execution(k, Lease("shell", turn1, c1.dispatch_id, c1.attempt), output="one")
     # Admitted now: the same box (registration and binding), its own generations, not covered yet.
     c2 = next(c for c in claim_due(k, 100) if c.execution_id == turn2)
-    view = resources.register(k, "shell", turn2, c2.dispatch_id, c2.attempt,
+    view = resources.register(k, Lease("shell", turn2, c2.dispatch_id, c2.attempt),
                               resources.Registration("box", "dir", every_steps=1, on_completion=True))
     assert (view["binding"], view["generation"], view["covered"], view["checkpoint_ref"]) == (
         {"path": "/tmp/box-1"}, 0, False, "")
@@ -98,7 +99,7 @@ def test_a_session_turn_inherits_its_previous_turns_resources_and_bindings(runni
     assert (registered["key"], registered["inherited_from"]) == ("box", turn1)
     assert forks.fork_points(k, turn2)[0]["covered"] is True  # registered after seq 0
     # Turn 3 inherits from turn 2, which inherited the box: still the same binding.
-    executions.finish_execution(k, "shell", turn2, c2.dispatch_id, c2.attempt, output="two")
+    executions.finish_execution(k, Lease("shell", turn2, c2.dispatch_id, c2.attempt), output="two")
     c3 = next(c for c in claim_due(k, 100) if c.execution_id == turn3)
     assert resources.list_views(k, turn3, "shell")[0]["binding"] == {"path": "/tmp/box-1"}
     assert c3.attempt == 1

@@ -10,7 +10,7 @@ from kernel.core.agents import register_agent
 from kernel.core.dispatch import Claim, claim_due
 from kernel.core.executions import Lineage
 from kernel.core.kernel import Kernel
-from kernel.domain import ExecutionStatus
+from kernel.domain import ExecutionStatus, Lease
 from kernel.errors import ExecutionTerminal, NotFound
 from kernel.identity import args_hash
 from tests.conftest import Running
@@ -30,7 +30,7 @@ def _status(k: Kernel, eid: str) -> ExecutionStatus:
 
 def _complete(k: Kernel, eid: str, output: object = None, state: object = None) -> None:
     c = _claim(k, eid)
-    executions.finish_execution(k, "shell", eid, c.dispatch_id, c.attempt, output=output, state=state)
+    executions.finish_execution(k, Lease("shell", eid, c.dispatch_id, c.attempt), output=output, state=state)
 
 
 def test_a_busy_session_queues_new_executions_pending_and_admits_them_in_order(running: Running) -> None:
@@ -39,7 +39,7 @@ def test_a_busy_session_queues_new_executions_pending_and_admits_them_in_order(r
     assert [_status(k, e) for e in ids] == ["running", "pending", "pending", "pending"]
     claims = claim_due(k, 100)
     assert [c.execution_id for c in claims] == [ids[0]]  # pending ones have no dispatch
-    executions.finish_execution(k, "shell", ids[0], claims[0].dispatch_id, claims[0].attempt, output="one")
+    executions.finish_execution(k, Lease("shell", ids[0], claims[0].dispatch_id, claims[0].attempt), output="one")
     assert [_status(k, e) for e in ids] == ["completed", "running", "pending", "pending"]
     executions.cancel_execution(k, ids[1])
     assert [_status(k, e) for e in ids[2:]] == ["running", "pending"]
@@ -81,7 +81,7 @@ def test_a_stalled_session_is_admitted_by_the_repair_sweep(running: Running) -> 
 
 def _spawn_step(k: Kernel, parent: str, claim: Claim, name: str) -> str:
     req = steps.StepRequest(kind="tool_call", target=name, args={}, args_text="{}", args_hash=args_hash("{}"))
-    ans = steps.submit_step(k, "shell", parent, claim.dispatch_id, claim.attempt, req)
+    ans = steps.submit_step(k, Lease("shell", parent, claim.dispatch_id, claim.attempt), req)
     assert ans.decision == "proceed"
     return str(ans.step_id)
 
@@ -97,11 +97,11 @@ def test_a_suspended_parent_resumes_when_its_children_end_with_their_outputs_on_
         sid = _spawn_step(k, parent, pc, f"spawn-{i}")
         kids.append((executions.create_execution(
             k, "shell", i, lineage=Lineage(parent_execution_id=parent, spawned_step_id=sid))[0].id, sid))
-    assert sessions.suspend(k, "shell", parent, pc.dispatch_id, pc.attempt) is True
+    assert sessions.suspend(k, Lease("shell", parent, pc.dispatch_id, pc.attempt)) is True
     assert executions.get_execution(k, parent).suspended
     leases = {c.execution_id: c for c in claim_due(k, 100)}
     for i, (kid, _) in enumerate(kids):
-        executions.finish_execution(k, "shell", kid, leases[kid].dispatch_id, leases[kid].attempt, output=f"child-{i}")
+        executions.finish_execution(k, Lease("shell", kid, leases[kid].dispatch_id, leases[kid].attempt), output=f"child-{i}")
         if i < 2:
             assert not [c for c in claim_due(k, 100) if c.execution_id == parent]  # still waiting
     resumed = _claim(k, parent)
@@ -159,7 +159,7 @@ def test_suspend_answers_false_only_once_the_ended_childrens_outcomes_are_on_the
         tx.append(kid, k.clock.now(), [], status=ExecutionStatus.COMPLETED, output="child-0")
     assert kc.attempt == 1 and steps.get_step(k, parent, sid, None).status == "executing"
     # No live child: the parent goes on, and the step it reads next already holds the child's output.
-    assert sessions.suspend(k, "shell", parent, pc.dispatch_id, pc.attempt) is False
+    assert sessions.suspend(k, Lease("shell", parent, pc.dispatch_id, pc.attempt)) is False
     s = steps.get_step(k, parent, sid, None)
     assert (s.status, s.result) == ("succeeded", "child-0")
     assert sessions.settle(k, parent) is False  # the late follow-up records nothing twice
@@ -222,7 +222,7 @@ def test_a_failed_or_cancelled_turn_is_never_the_previous_one(running: Running) 
     ids = [executions.create_execution(k, "shell", i, lineage=chat)[0].id for i in range(4)]
     _complete(k, ids[0], output="out-0", state={"turns": 1})
     c = _claim(k, ids[1])
-    executions.finish_execution(k, "shell", ids[1], c.dispatch_id, c.attempt, error="agent_error: boom", failed=True)
+    executions.finish_execution(k, Lease("shell", ids[1], c.dispatch_id, c.attempt), error="agent_error: boom", failed=True)
     executions.cancel_execution(k, ids[2])
     assert executions.get_execution(k, ids[3]).previous_execution_id == ids[0]
     assert sessions.previous_state(k, ids[3], "shell") == {"state": {"turns": 1}, "execution_id": ids[0]}

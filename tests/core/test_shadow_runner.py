@@ -10,7 +10,7 @@ from kernel.core import shadow
 from kernel.core.kernel import Kernel
 from kernel.core.policies import Actor
 from kernel.core.steps import StepRequest, submit_step
-from kernel.domain import Decision, PolicyInput, Verdict
+from kernel.domain import Decision, Lease, PolicyInput, Verdict
 from kernel.domain.decision import ShadowRef
 from kernel.identity import args_hash, canonical_json
 from kernel.policy.resolver import BundleResolver
@@ -54,12 +54,12 @@ def test_hung_shadow_neither_delays_answers_nor_blocks_and_a_full_queue_is_count
         shadow.store_shadow(kernel, "shell", "yaml", CANDIDATE, Actor("secops", "key"))
         eid, did, att = running.start()
         t0 = time.monotonic()
-        answers = [submit_step(kernel, "shell", eid, did, att, _req(0))]
+        answers = [submit_step(kernel, Lease("shell", eid, did, att), _req(0))]
         wait_until = time.monotonic() + 20
         while engine.calls == 0 and time.monotonic() < wait_until:  # the runner is now stuck on step 0
             time.sleep(0.01)
         assert engine.calls == 1
-        answers += [submit_step(kernel, "shell", eid, did, att, _req(i)) for i in range(1, 10)]
+        answers += [submit_step(kernel, Lease("shell", eid, did, att), _req(i)) for i in range(1, 10)]
         elapsed = time.monotonic() - t0
         assert [a.decision for a in answers] == ["proceed"] * 10
         assert elapsed < 10  # a hung shadow would have cost 30 s per step on the answer's path
@@ -101,7 +101,7 @@ def test_three_faults_in_a_row_pause_the_shadow_and_the_steps_meanwhile_are_skip
         store_policy(kernel, "shell", "yaml", ACTIVE)
         shadow.store_shadow(kernel, "shell", "yaml", CANDIDATE, Actor(None, "bootstrap"))
         eid, did, att = running.start()
-        answers = [submit_step(kernel, "shell", eid, did, att, _req(i)) for i in range(6)]
+        answers = [submit_step(kernel, Lease("shell", eid, did, att), _req(i)) for i in range(6)]
         assert [a.decision for a in answers] == ["proceed"] * 6  # the active decisions stand
         assert runner.drain(30)
         rep = shadow.shadow_report(kernel, "shell")
@@ -143,7 +143,7 @@ def test_a_rego_shadow_is_compiled_and_its_workers_started_before_its_first_step
         assert rego._engine is not None  # started with no step submitted
         assert ref.id in bundles._cache and not isinstance(bundles._cache[ref.id], Exception)
         eid, did, att = running.start()
-        assert submit_step(kernel, "shell", eid, did, att, _req(0)).decision == "proceed"
+        assert submit_step(kernel, Lease("shell", eid, did, att), _req(0)).decision == "proceed"
         assert runner.drain(30)
         rep = shadow.shadow_report(kernel, "shell")
         assert rep["totals"]["evaluated"] == 1 and rep["totals"]["errors"] == 0, rep
@@ -169,11 +169,11 @@ def test_disagreement_rows_past_their_retention_are_deleted_and_the_tallies_kept
         runner.reload()
         eid, did, att = running.start()
         for i in range(3):
-            submit_step(kernel, "shell", eid, did, att, _req(i))
+            submit_step(kernel, Lease("shell", eid, did, att), _req(i))
         assert runner.drain(30)
         kernel.clock.advance(kernel.shadow_retention - 10)  # type: ignore[attr-defined]
         for i in range(3, 5):
-            submit_step(kernel, "shell", eid, did, att, _req(i))
+            submit_step(kernel, Lease("shell", eid, did, att), _req(i))
         assert runner.drain(30)
         kernel.clock.advance(20)  # type: ignore[attr-defined]
         assert len(shadow.shadow_report(kernel, "shell")["samples"]) == 5

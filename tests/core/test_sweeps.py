@@ -9,7 +9,7 @@ import pytest
 
 from kernel.core import approvals, executions, steps, sweeps
 from kernel.core.kernel import Kernel
-from kernel.domain import ApprovalConfig, Decision, PolicyInput, StepStatus, Verdict
+from kernel.domain import ApprovalConfig, Decision, Lease, PolicyInput, StepStatus, Verdict
 from kernel.identity import args_hash
 from kernel.store import SqlStore
 from kernel.sweeper import Sweeper
@@ -40,7 +40,7 @@ def advance(k: Kernel, seconds: float) -> None:
 def test_deadline_sweep_cancels_executions_past_their_deadline(kernel: Kernel, running: Running) -> None:
     kernel.deadline_timeout = 60
     eid, did, att = running.start()
-    a = steps.submit_step(kernel, "shell", eid, did, att, req())
+    a = steps.submit_step(kernel, Lease("shell", eid, did, att), req())
     advance(kernel, 61)
     assert sweeps.deadline_sweep(kernel, KEY) == 1
     e = executions.get_execution(kernel, eid)
@@ -72,7 +72,7 @@ def test_deadline_sweep_cancels_pending_approvals_of_a_blocked_execution(kernel:
     kernel.deadline_timeout = 30
     kernel.policy = AskEveryone()
     eid, did, att = running.start()
-    assert steps.submit_step(kernel, "shell", eid, did, att, req()).decision == "blocked"
+    assert steps.submit_step(kernel, Lease("shell", eid, did, att), req()).decision == "blocked"
     advance(kernel, 31)
     assert sweeps.deadline_sweep(kernel, KEY) == 1
     kinds = [t for t, _ in events(kernel, eid)]
@@ -94,7 +94,7 @@ def test_deadline_sweep_handles_more_than_one_batch(kernel: Kernel, running: Run
 def test_cleanup_sweep_expires_approvals_past_their_timeout(kernel: Kernel, running: Running) -> None:
     kernel.policy = AskEveryone()
     eid, did, att = running.start()
-    a = steps.submit_step(kernel, "shell", eid, did, att, req())
+    a = steps.submit_step(kernel, Lease("shell", eid, did, att), req())
     advance(kernel, 59)
     assert sweeps.cleanup_sweep(kernel, KEY) == sweeps.CleanupResult()
     advance(kernel, 2)
@@ -117,9 +117,9 @@ def test_cleanup_sweep_folds_in_deadlines_when_asked(kernel: Kernel, running: Ru
 # -- retention ----------------------------------------------------------------------------
 def _finish(kernel: Kernel, running: Running) -> str:
     eid, did, att = running.start()
-    a = steps.submit_step(kernel, "shell", eid, did, att, req())
-    steps.record_outcome(kernel, "shell", eid, a.step_id, did, att, result={"ok": True})
-    executions.finish_execution(kernel, "shell", eid, did, att, output=1)
+    a = steps.submit_step(kernel, Lease("shell", eid, did, att), req())
+    steps.record_outcome(kernel, Lease("shell", eid, did, att), a.step_id, result={"ok": True})
+    executions.finish_execution(kernel, Lease("shell", eid, did, att), output=1)
     return eid
 
 
@@ -147,7 +147,7 @@ def test_retention_counts_from_the_last_update(kernel: Kernel, running: Running)
     kernel.retention = 60
     eid, did, att = running.start()
     advance(kernel, 120)  # created long ago, finished just now
-    executions.finish_execution(kernel, "shell", eid, did, att, output=None)
+    executions.finish_execution(kernel, Lease("shell", eid, did, att), output=None)
     assert sweeps.delete_expired_executions(kernel) == 0
     advance(kernel, 61)
     assert sweeps.delete_expired_executions(kernel, batch=1) == 1
@@ -174,7 +174,7 @@ def test_retention_keeps_a_session_whole_while_one_of_its_executions_is_live(
     kernel.retention = 60
     lin = Lineage(session="conv")
     first = executions.create_execution(kernel, "shell", "turn-1", lineage=lin)[0].id
-    executions.finish_execution(kernel, "shell", first, *_claimed(kernel, first), output="a", state={"n": 1})
+    executions.finish_execution(kernel, Lease("shell", first, *_claimed(kernel, first)), output="a", state={"n": 1})
     advance(kernel, 3600)  # the first turn is long past retention; the session goes on
     second = executions.create_execution(kernel, "shell", "turn-2", lineage=lin)[0].id
     lease = _claimed(kernel, second)
@@ -184,7 +184,7 @@ def test_retention_keeps_a_session_whole_while_one_of_its_executions_is_live(
     assert sweeps.delete_expired_executions(kernel) == 1
     assert _deleted(kernel, first, second, lone) == [False, False, True]
     assert sessions.previous_state(kernel, second, None)["state"] == {"n": 1}
-    executions.finish_execution(kernel, "shell", second, *lease, output="b")
+    executions.finish_execution(kernel, Lease("shell", second, *lease), output="b")
     advance(kernel, 30)
     assert sweeps.delete_expired_executions(kernel) == 0  # its newest turn ended 30 s ago
     advance(kernel, 31)
@@ -201,7 +201,7 @@ def test_retention_keeps_the_children_of_a_live_parent_and_the_source_of_a_live_
     kernel.retention = 60
     parent, _, _ = running.start()
     child = executions.create_execution(kernel, "shell", None, lineage=Lineage(parent_execution_id=parent))[0].id
-    executions.finish_execution(kernel, "shell", child, *_claimed(kernel, child), output="c")
+    executions.finish_execution(kernel, Lease("shell", child, *_claimed(kernel, child)), output="c")
     source = _finish(kernel, running)
     fork = forks.fork_execution(kernel, source, 0)
     did, att = _claimed(kernel, fork.id)
@@ -209,7 +209,7 @@ def test_retention_keeps_the_children_of_a_live_parent_and_the_source_of_a_live_
     assert sweeps.delete_expired_executions(kernel) == 0  # the parent and the fork are live
     assert _deleted(kernel, child, source) == [False, False]
     executions.cancel_execution(kernel, parent)
-    executions.finish_execution(kernel, "shell", fork.id, did, att, output=None)
+    executions.finish_execution(kernel, Lease("shell", fork.id, did, att), output=None)
     advance(kernel, 61)
     assert sweeps.delete_expired_executions(kernel) == 4
     assert _deleted(kernel, parent, child, source, fork.id) == [True] * 4
@@ -292,7 +292,7 @@ def test_sweeper_moves_the_decision_journal(kernel: Kernel, running: Running, in
         s = Sweeper(kernel, leader_key=KEY, cleanup_interval=0, deadline_check_interval=3600,
                     decision_flush_interval=interval)
         await s.start()
-        await asyncio.to_thread(steps.submit_step, kernel, "shell", eid, did, att, req(target="t"))
+        await asyncio.to_thread(steps.submit_step, kernel, Lease("shell", eid, did, att), req(target="t"))
         assert interval > 1 or _journal(kernel) <= 1
         for _ in range(300 if interval < 1 else 0):  # bounded wait for a tick
             if _journal(kernel) == 0:

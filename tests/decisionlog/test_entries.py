@@ -17,6 +17,7 @@ from kernel.core.dispatch import claim_due, reap_expired_leases
 from kernel.core.kernel import Kernel
 from kernel.core.policies import store_policy
 from kernel.decisionlog import DecisionLog, FileSink, parse_mask_rules
+from kernel.domain import Lease
 from kernel.errors import LeaseSuperseded
 from kernel.identity import args_hash, canonical_json
 from kernel.policy.resolver import BundleResolver, yaml_revision
@@ -59,8 +60,8 @@ def entries(k: Kernel, path: Path) -> list[dict[str, Any]]:
 def test_step_decisions_become_opa_shaped_entries(logged: tuple[Kernel, Path], running: Running) -> None:
     k, path = logged
     eid, did, att = running.start({"customer": "c1"})
-    allowed = steps.submit_step(k, running.agent_id, eid, did, att, req("read", {"password": "pw1", "n": 1}))
-    denied = steps.submit_step(k, running.agent_id, eid, did, att, req("rm", {"n": 2}))
+    allowed = steps.submit_step(k, Lease(running.agent_id, eid, did, att), req("read", {"password": "pw1", "n": 1}))
+    denied = steps.submit_step(k, Lease(running.agent_id, eid, did, att), req("rm", {"n": 2}))
     got = entries(k, path)
     assert [e["event"] for e in got] == ["step.allowed", "step.denied"]
     first = got[0]
@@ -89,7 +90,7 @@ def test_step_decisions_become_opa_shaped_entries(logged: tuple[Kernel, Path], r
 def test_an_approval_entry_has_its_decision_record_id(logged: tuple[Kernel, Path], running: Running) -> None:
     k, path = logged
     eid, did, att = running.start()
-    blocked = steps.submit_step(k, running.agent_id, eid, did, att, req("transfer", {"amount": 5}))
+    blocked = steps.submit_step(k, Lease(running.agent_id, eid, did, att), req("transfer", {"amount": 5}))
     assert blocked.approval_id
     approvals.decide_approval(k, blocked.approval_id, grant=False, principal=Principal(name="ops-key"),
                               decided_by="alice", rationale="no")
@@ -100,11 +101,11 @@ def test_an_approval_entry_has_its_decision_record_id(logged: tuple[Kernel, Path
 def test_a_replayed_step_is_not_a_new_decision(logged: tuple[Kernel, Path], running: Running) -> None:
     k, path = logged
     eid, did, att = running.start()
-    first = steps.submit_step(k, running.agent_id, eid, did, att, req("rm", {"n": 1}))
+    first = steps.submit_step(k, Lease(running.agent_id, eid, did, att), req("rm", {"n": 1}))
     k.clock.advance(k.dispatch_lease_timeout + 1)  # type: ignore[attr-defined]
     reap_expired_leases(k)
     [claim] = [c for c in claim_due(k, 10) if c.execution_id == eid]
-    again = steps.submit_step(k, running.agent_id, eid, claim.dispatch_id, claim.attempt, req("rm", {"n": 1}))
+    again = steps.submit_step(k, Lease(running.agent_id, eid, claim.dispatch_id, claim.attempt), req("rm", {"n": 1}))
     assert (first.decision, again.decision, again.step_id) == ("denied", "denied", first.step_id)
     assert [e["event"] for e in entries(k, path)] == ["step.denied"]
 
@@ -113,14 +114,14 @@ def test_a_rolled_back_decision_leaves_no_entry(logged: tuple[Kernel, Path], run
     k, path = logged
     eid, did, att = running.start()
     with pytest.raises(LeaseSuperseded):
-        steps.submit_step(k, running.agent_id, eid, did, att + 1, req("read", {"n": 1}))
+        steps.submit_step(k, Lease(running.agent_id, eid, did, att + 1), req("read", {"n": 1}))
     assert not path.exists() or entries(k, path) == []
 
 
 def test_an_approval_resolved_is_an_entry_with_who_decided(logged: tuple[Kernel, Path], running: Running) -> None:
     k, path = logged
     eid, did, att = running.start()
-    blocked = steps.submit_step(k, running.agent_id, eid, did, att, req("transfer", {"amount": 5}))
+    blocked = steps.submit_step(k, Lease(running.agent_id, eid, did, att), req("transfer", {"amount": 5}))
     assert blocked.approval_id
     approvals.decide_approval(k, blocked.approval_id, grant=True, principal=Principal(name="ops-key"),
                               decided_by="alice", rationale="ok")
@@ -136,7 +137,7 @@ def test_an_approval_resolved_is_an_entry_with_who_decided(logged: tuple[Kernel,
 def test_an_expired_approval_is_an_entry(logged: tuple[Kernel, Path], running: Running) -> None:
     k, path = logged
     eid, did, att = running.start()
-    steps.submit_step(k, running.agent_id, eid, did, att, req("transfer", {"amount": 5}))
+    steps.submit_step(k, Lease(running.agent_id, eid, did, att), req("transfer", {"amount": 5}))
     k.clock.advance(k.approval_timeout + 1)  # type: ignore[attr-defined]
     assert approvals.expire_approvals(k) == 1
     got = entries(k, path)
@@ -154,7 +155,7 @@ def test_an_unusable_bundle_is_logged_as_an_eval_error(logged: tuple[Kernel, Pat
 
     k.policy = Broken()  # type: ignore[assignment]
     eid, did, att = running.start()
-    steps.submit_step(k, running.agent_id, eid, did, att, req("read", {"n": 1}))
+    steps.submit_step(k, Lease(running.agent_id, eid, did, att), req("read", {"n": 1}))
     (entry,) = entries(k, path)
     assert entry["rule_id"] == "bundle-error"
     assert entry["error"] == {"code": "bundle-error", "message": "policy_bundle_invalid"}
@@ -192,7 +193,7 @@ def test_a_field_masked_anywhere_leaves_no_trace_in_the_entry(kernel: Kernel, ru
     store_policy(kernel, running.agent_id, "yaml", BUNDLE)
     try:
         eid, did, att = running.start({"payment": {"iban": "DE89370400440532013000", "amount": 5}})
-        steps.submit_step(kernel, running.agent_id, eid, did, att, req("read", {"iban": "DE89370400440532013000"}))
+        steps.submit_step(kernel, Lease(running.agent_id, eid, did, att), req("read", {"iban": "DE89370400440532013000"}))
         (entry,) = entries(kernel, path)
     finally:
         dl.close()

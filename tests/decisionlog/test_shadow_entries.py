@@ -11,6 +11,7 @@ from kernel.core.kernel import Kernel
 from kernel.core.policies import Actor, store_policy
 from kernel.core.steps import StepRequest, submit_step
 from kernel.decisionlog import DecisionLog, FileSink, parse_mask_rules
+from kernel.domain import Lease
 from kernel.identity import args_hash, canonical_json
 from kernel.policy.resolver import BundleResolver, LazyRegoEngine
 from kernel.policy.shadow_eval import ShadowBundles
@@ -55,7 +56,7 @@ def test_disagreements_are_logged_and_agreements_are_not(kernel: Kernel, running
         shadow.store_shadow(kernel, running.agent_id, "yaml", CANDIDATE, Actor("secops", "key"))
         runner.reload()
         eid, did, att = running.start()
-        answers = [submit_step(kernel, running.agent_id, eid, did, att, _req(a)) for a in (500, 5000, 7000)]
+        answers = [submit_step(kernel, Lease(running.agent_id, eid, did, att), _req(a)) for a in (500, 5000, 7000)]
         assert [a.decision for a in answers] == ["proceed"] * 3  # the shadow never decides
         assert runner.drain(30)
     finally:

@@ -24,8 +24,8 @@ import pytest
 from kernel.signing import sign_request
 from tests.conftest import scratch_pg_database
 from tests.console import conftest as console_fixtures
-from tests.e2e.conftest import DEV_KERNEL_ENV, REPO, Api, KernelProc, Proc, clean_env, wait_for
-from tests.mcp.conftest import SECRET, UPSTREAM, mcp_session, text
+from tests.e2e.conftest import DEV_KERNEL_ENV, REPO, Api, KernelProc, clean_env, wait_for
+from tests.mcp.conftest import SECRET, UPSTREAM, GatewayProc, mcp_session, text
 from tests.mcp.conftest import run as run_here
 from tests.support import free_port
 
@@ -62,21 +62,8 @@ def manifest_text(gw_port: int, effects: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-class Replica(Proc):
-    def __init__(self, config: Path, kernel_url: str, port: int, log: Path, pins: Path):
-        self.url = f"http://127.0.0.1:{port}"
-        argv = [sys.executable, "-m", "kernel", "mcp", "serve", "--config", str(config), "--kernel", kernel_url,
-                "--port", str(port), "--pins-file", str(pins)]
-        super().__init__(argv, clean_env(REGENT_LOG_LEVEL="warning"), log)
-        wait_for(self._healthy, f"regent mcp on {self.url}\n{self.output()}", timeout=60)
-
-    def _healthy(self) -> bool:
-        if not self.alive():
-            raise AssertionError(f"regent mcp exited early:\n{self.output()}")
-        try:
-            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
+class Replica(GatewayProc):
+    """One of two `regent mcp serve` processes in front of the same kernel."""
 
     def metrics(self) -> str:
         return httpx.get(f"{self.url}/metrics", timeout=5).text

@@ -18,7 +18,7 @@ from kernel.core.agents import register_agent
 from kernel.core.dispatch import Claim, claim_one
 from kernel.core.executions import create_execution
 from kernel.core.kernel import Kernel
-from kernel.domain import Decision, RateLimitSpec, Verdict
+from kernel.domain import Decision, Lease, RateLimitSpec, Verdict
 from kernel.ratelimit import LimitsLimiter
 from kernel.store import open_store
 from tests.ratelimit.support import FixedPolicy, req
@@ -41,7 +41,7 @@ def main(db_url: str, redis_url: str, namespace: str, agent_id: str, calls: int,
     def submit(c: Claim) -> None:
         barrier.wait(30)
         try:
-            a = steps.submit_step(k, agent_id, c.execution_id, c.dispatch_id, c.attempt, req())
+            a = steps.submit_step(k, Lease(agent_id, c.execution_id, c.dispatch_id, c.attempt), req())
             outcome = a.decision if a.reason != "rate_limiter_unavailable" else "unavailable"
         except Exception as exc:  # reported, not swallowed: the parent asserts none happened
             outcome = f"error:{type(exc).__name__}:{exc}"

@@ -11,7 +11,7 @@ import pytest
 from kernel.core import steps
 from kernel.core.dispatch import claim_due, reap_expired_leases
 from kernel.core.kernel import Kernel
-from kernel.domain import Decision, DispatchStatus, ExecutionStatus, RateLimitSpec, Verdict
+from kernel.domain import Decision, DispatchStatus, ExecutionStatus, Lease, RateLimitSpec, Verdict
 from kernel.errors import LeaseSuperseded
 from kernel.identity import args_hash, step_id
 from kernel.ratelimit import LimitsLimiter
@@ -42,8 +42,8 @@ def test_empty_bucket_without_max_wait_refuses_and_writes_no_step(rl_kernel: Ker
     k = rl_kernel
     k.policy = limited(max_calls=1)
     eid, did, att = running.start()
-    first = steps.submit_step(k, "shell", eid, did, att, req(args={"q": "a"}))
-    refused = steps.submit_step(k, "shell", eid, did, att, req(args={"q": "b"}))
+    first = steps.submit_step(k, Lease("shell", eid, did, att), req(args={"q": "a"}))
+    refused = steps.submit_step(k, Lease("shell", eid, did, att), req(args={"q": "b"}))
     assert first.decision == "proceed"
     assert refused.to_json() == {"decision": "rate_limited", "reason": "rate_limit_exceeded"}
     last = event_log(k, eid)[-1]
@@ -59,10 +59,10 @@ def test_refusal_does_not_advance_the_occurrence(rl_kernel: Kernel, running: Run
     k = rl_kernel
     k.policy = limited(max_calls=1)
     eid, did, att = running.start()
-    steps.submit_step(k, "shell", eid, did, att, req(target="other"))
-    assert steps.submit_step(k, "shell", eid, did, att, req()).decision == "rate_limited"
+    steps.submit_step(k, Lease("shell", eid, did, att), req(target="other"))
+    assert steps.submit_step(k, Lease("shell", eid, did, att), req()).decision == "rate_limited"
     k.policy = FixedPolicy(Decision(Verdict.ALLOW, "open"))
-    again = steps.submit_step(k, "shell", eid, did, att, req())
+    again = steps.submit_step(k, Lease("shell", eid, did, att), req())
     assert (again.decision, again.step_id) == ("proceed", step_id(eid, "tool_call", "search", args_hash("null"), 0))
 
 
@@ -72,8 +72,8 @@ def test_a_deny_rule_with_a_rate_limit_also_consumes_the_bucket(rl_kernel: Kerne
     spec = RateLimitSpec(max_calls=1, window_seconds=60)
     k.policy = FixedPolicy(Decision(Verdict.DENY, "no-search", "off", rate_limit=spec))
     eid, did, att = running.start()
-    assert steps.submit_step(k, "shell", eid, did, att, req()).decision == "denied"
-    assert steps.submit_step(k, "shell", eid, did, att, req()).decision == "rate_limited"
+    assert steps.submit_step(k, Lease("shell", eid, did, att), req()).decision == "denied"
+    assert steps.submit_step(k, Lease("shell", eid, did, att), req()).decision == "rate_limited"
 
 
 @pytest.mark.redis
@@ -82,20 +82,20 @@ def test_replays_never_touch_the_bucket(rl_kernel: Kernel, running: Running) -> 
     policy = limited(max_calls=1)
     k.policy = policy
     eid, did, att = running.start()
-    a = steps.submit_step(k, "shell", eid, did, att, req())
-    steps.record_outcome(k, "shell", eid, a.step_id, did, att, result={"hits": 3})
+    a = steps.submit_step(k, Lease("shell", eid, did, att), req())
+    steps.record_outcome(k, Lease("shell", eid, did, att), a.step_id, result={"hits": 3})
     k.clock.advance(k.dispatch_lease_timeout + 1)  # type: ignore[attr-defined]
     reap_expired_leases(k)
     [claim] = [c for c in claim_due(k, 10) if c.execution_id == eid]
-    again = steps.submit_step(k, "shell", eid, claim.dispatch_id, claim.attempt, req())
+    again = steps.submit_step(k, Lease("shell", eid, claim.dispatch_id, claim.attempt), req())
     assert (again.decision, again.result) == ("replay", {"hits": 3})
     assert len(policy.inputs) == 1
 
 
 def _park(k: Kernel, running: Running) -> tuple[str, str, int, steps.StepAnswer]:
     eid, did, att = running.start()
-    assert steps.submit_step(k, "shell", eid, did, att, req(target="warm")).decision == "proceed"
-    return eid, did, att, steps.submit_step(k, "shell", eid, did, att, req())
+    assert steps.submit_step(k, Lease("shell", eid, did, att), req(target="warm")).decision == "proceed"
+    return eid, did, att, steps.submit_step(k, Lease("shell", eid, did, att), req())
 
 
 @pytest.mark.redis
@@ -118,7 +118,7 @@ def test_empty_bucket_with_max_wait_parks_the_execution(rl_kernel: Kernel, runni
     delay = (queued.next_attempt_at - now).total_seconds()
     assert 19 <= delay <= 30
     with pytest.raises(LeaseSuperseded):
-        steps.submit_step(k, "shell", eid, did, att, req(target="late"))
+        steps.submit_step(k, Lease("shell", eid, did, att), req(target="late"))
 
 
 @pytest.mark.redis
@@ -142,7 +142,7 @@ def test_a_second_limit_in_the_same_execution_refuses(rl_kernel: Kernel, running
     assert parked.decision == "blocked"
     k.clock.advance(31)  # type: ignore[attr-defined]  # the parked dispatch is due (Redis' window is still full)
     [claim] = [c for c in claim_due(k, 10) if c.execution_id == eid]
-    again = steps.submit_step(k, "shell", eid, claim.dispatch_id, claim.attempt, req())
+    again = steps.submit_step(k, Lease("shell", eid, claim.dispatch_id, claim.attempt), req())
     assert again.to_json() == {"decision": "rate_limited", "reason": "rate_limit_exceeded"}
     with k.store.read() as tx:
         assert tx.count_events(eid, "step.rate_limited") == 2
@@ -171,7 +171,7 @@ def test_unreachable_limiter_with_deny_refuses_as_unavailable(
     kernel.limiter = dead_limiter
     kernel.policy = limited(max_calls=5, on_limiter_error="deny")
     eid, did, att = running.start()
-    a = steps.submit_step(kernel, "shell", eid, did, att, req())
+    a = steps.submit_step(kernel, Lease("shell", eid, did, att), req())
     assert a.to_json() == {"decision": "rate_limited", "reason": "rate_limiter_unavailable"}
     last = event_log(kernel, eid)[-1]
     assert last.type == "step.rate_limited"
@@ -184,7 +184,7 @@ def test_unreachable_limiter_with_allow_fails_open(
     kernel.limiter = dead_limiter
     kernel.policy = limited(max_calls=1, on_limiter_error="allow")
     eid, did, att = running.start()
-    answers = [steps.submit_step(kernel, "shell", eid, did, att, req()).decision for _ in range(3)]
+    answers = [steps.submit_step(kernel, Lease("shell", eid, did, att), req()).decision for _ in range(3)]
     assert answers == ["proceed"] * 3
 
 
@@ -209,7 +209,7 @@ def test_a_parked_step_reads_on_the_timeline_as_parked_then_decided(rl_kernel: K
     [claim] = [c for c in claim_due(k, 10) if c.execution_id == eid]
     # the bucket has room again (Redis keeps real time, not the test's clock: the rule without its cap)
     k.policy = FixedPolicy(Decision(Verdict.ALLOW, "search-cap"))
-    assert steps.submit_step(k, "shell", eid, claim.dispatch_id, claim.attempt, req()).decision == "proceed"
+    assert steps.submit_step(k, Lease("shell", eid, claim.dispatch_id, claim.attempt), req()).decision == "proceed"
     rows = [r for r in timeline.timeline(k, eid).rows if isinstance(r, timeline.StepRow)]
     parked = next(r for r in rows if r.target == "search")
     assert (parked.decision, parked.rule_id, parked.reason) == ("rate_limited", "search-cap", "rate_limit_exceeded")

@@ -7,6 +7,7 @@ from typing import Any
 
 from kernel.core import steps
 from kernel.core.kernel import Kernel
+from kernel.domain import Lease
 from kernel.identity import args_hash, canonical_json
 from kernel.store.codec import DecodedInputs
 from tests.conftest import Running
@@ -54,9 +55,9 @@ def test_steps_of_an_execution_with_a_large_input_see_it_whole(kernel: Kernel, r
         text = canonical_json(json.dumps({"i": i}))
         req = steps.StepRequest(kind="tool_call", target="t", args={"i": i}, args_text=text,
                                 args_hash=args_hash(text), idempotency="safe_to_retry")
-        answer = steps.submit_step(kernel, running.agent_id, eid, did, att, req)
+        answer = steps.submit_step(kernel, Lease(running.agent_id, eid, did, att), req)
         assert answer.decision == "proceed"
-        assert steps.record_outcome(kernel, running.agent_id, eid, answer.step_id or "", did, att,
+        assert steps.record_outcome(kernel, Lease(running.agent_id, eid, did, att), answer.step_id or "",
                                     result={"ok": i}).decision == "recorded"
     assert recorder.inputs == [big, big, big]
     assert len(kernel.store.inputs) == 1  # decoded once, shared by the three submits and outcomes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from kernel.api.deps import (
     call,
     call_hot,
     kernel_of,
+    lease,
     signed_on,
     step_param,
     uuid_param,
@@ -33,7 +35,7 @@ from kernel.api.metrics import ApiMetrics
 from kernel.api.render import JSONResponse, execution_json, step_json
 from kernel.core import executions, resources, sessions, steps
 from kernel.core.kernel import Kernel
-from kernel.domain import StepKind
+from kernel.domain import Lease, StepKind
 from kernel.errors import Forbidden, invalid
 from kernel.identity import canonical_hash, canonical_json
 from kernel.text import check_text, scrub_text
@@ -146,19 +148,18 @@ class MetadataBody(Strict):
              openapi_extra=schema.operation(SubmitBody, answer=schema.DECISION, overrides=_SUBMIT_ENUMS))
 async def submit_step(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "repeatable", with_call=True)
-    answer = await submit(kernel_of(request), request.app.state.metrics, a.agent_id, eid, a.lease, a.body)
+    answer = await submit(kernel_of(request), request.app.state.metrics, functools.partial(lease, a, eid), a.body)
     return JSONResponse(answer.to_json())
 
 
-async def submit(k: Kernel, metrics: ApiMetrics, agent_id: str, eid: str, lease: Callable[[], tuple[str, int]],
-                 raw: bytes) -> steps.StepAnswer:
-    """A step's submission once its caller is known to be `agent_id`: the route's work after the
-    signature (the body, then the lease, `signed_on`), and the in-kernel MCP gateway's submission
-    (kernel/mcp/inkernel.py): one code path."""
+async def submit(k: Kernel, metrics: ApiMetrics, lease_of: Callable[[], Lease], raw: bytes) -> steps.StepAnswer:
+    """A step's submission once its caller is known to hold the lease `lease_of` reads: the route's
+    work after the signature (the body, then the lease, `signed_on`), and the in-kernel MCP
+    gateway's submission (kernel/mcp/inkernel.py): one code path."""
     body = parse_model(SubmitBody, raw, lexical=True)
     if body.kind not in _KINDS:
         raise invalid(f"unknown kind {body.kind!r} (tool_call, llm_call or local)")
-    did, attempt = lease()
+    held = lease_of()
     text = canonical_json(dumps_lexical(body.args)) if body.args is not None else "null"
     req = steps.StepRequest(
         kind=body.kind,
@@ -170,34 +171,34 @@ async def submit(k: Kernel, metrics: ApiMetrics, agent_id: str, eid: str, lease:
         resources=tuple(dict.fromkeys(body.resources or ())),
     )
     try:
-        answer = await call_hot(steps.submit_step, k, agent_id, eid, did, attempt, req)
+        answer = await call_hot(steps.submit_step, k, held, req)
     except steps.JudgeNeeded as need:
         # A judge rule: ask the model here, on the event loop, with no transaction open and no
         # lane thread held; then decide again with its answer (kernel.core.steps.JudgeNeeded).
         verdict = await k.judge.ask(need.spec, need.input)
-        answer = await call_hot(steps.submit_step, k, agent_id, eid, did, attempt, req, {need.rule_id: verdict})
-    metrics.decision(req.kind, answer.decision, agent_id, answer.decided_rule)
+        answer = await call_hot(steps.submit_step, k, held, req, {need.rule_id: verdict})
+    metrics.decision(req.kind, answer.decision, held.agent_id, answer.decided_rule)
     return answer
 
 
 async def _outcome(request: Request, execution_id: str, step_id: str, failed: bool) -> Response:
     a, eid = await signed_on(request, execution_id, "once", with_call=True)
-    answer = await outcome(kernel_of(request), request.app.state.metrics, a.agent_id, eid, step_id, a.lease, a.body,
-                           failed)
+    answer = await outcome(kernel_of(request), request.app.state.metrics, functools.partial(lease, a, eid), step_id,
+                           a.body, failed)
     return JSONResponse(answer.to_json())
 
 
-async def outcome(k: Kernel, metrics: ApiMetrics, agent_id: str, eid: str, step_id: str,
-                  lease: Callable[[], tuple[str, int]], raw: bytes, failed: bool) -> steps.StepAnswer:
-    """A step's result or error once its caller is known to be `agent_id` (as `submit`)."""
+async def outcome(k: Kernel, metrics: ApiMetrics, lease_of: Callable[[], Lease], step_id: str, raw: bytes,
+                  failed: bool) -> steps.StepAnswer:
+    """A step's result or error once its caller is known to hold the lease (as `submit`)."""
     if failed:
         fb = parse_model(FailStepBody, raw)
         kwargs: dict[str, Any] = {"error": fb.error, "failed": True, **fb.parsed()}
     else:
         cb = parse_model(CompleteStepBody, raw)
         kwargs = {"result": cb.result, **cb.parsed()}
-    did, attempt = lease()
-    answer = await call_hot(steps.record_outcome, k, agent_id, eid, step_param(step_id), did, attempt, **kwargs)
+    held = lease_of()
+    answer = await call_hot(steps.record_outcome, k, held, step_param(step_id), **kwargs)
     metrics.outcome(failed, answer.decision)
     return answer
 
@@ -217,8 +218,8 @@ async def fail_step(execution_id: str, step_id: str, request: Request) -> Respon
 @_hot("/v0/executions/{execution_id}/heartbeat", openapi_extra=schema.operation(ok=204))
 async def heartbeat(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "once", with_call=True)
-    did, attempt = a.lease()
-    await call(executions.heartbeat, kernel_of(request), a.agent_id, eid, did, attempt)
+    held = lease(a, eid)
+    await call(executions.heartbeat, kernel_of(request), held)
     return Response(status_code=204)
 
 
@@ -227,17 +228,16 @@ async def heartbeat(execution_id: str, request: Request) -> Response:
 async def complete_execution(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(CompleteExecutionBody, a.body, allow_empty=True)
-    did, attempt = a.lease()
-    await call(executions.finish_execution, kernel_of(request), a.agent_id, eid, did, attempt, output=body.output,
-               state=body.state)
+    held = lease(a, eid)
+    await call(executions.finish_execution, kernel_of(request), held, output=body.output, state=body.state)
     return Response(status_code=204)
 
 
 @router.post("/v0/executions/{execution_id}/suspend", openapi_extra=schema.operation(answer=schema.SUSPENDED))
 async def suspend(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "repeatable")
-    did, attempt = a.lease()
-    suspended = await call(sessions.suspend, kernel_of(request), a.agent_id, eid, did, attempt)
+    held = lease(a, eid)
+    suspended = await call(sessions.suspend, kernel_of(request), held)
     return JSONResponse({"suspended": suspended})
 
 
@@ -246,9 +246,8 @@ async def suspend(execution_id: str, request: Request) -> Response:
 async def fail_execution(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(FailExecutionBody, a.body, allow_empty=True)
-    did, attempt = a.lease()
-    await call(executions.finish_execution, kernel_of(request), a.agent_id, eid, did, attempt,
-               error=scrub_text(body.error), failed=True)
+    held = lease(a, eid)
+    await call(executions.finish_execution, kernel_of(request), held, error=scrub_text(body.error), failed=True)
     return Response(status_code=204)
 
 
@@ -278,10 +277,10 @@ async def register_resource(execution_id: str, request: Request) -> Response:
         raise invalid("key must be 1-200 characters")
     if not 0 <= body.every_steps <= MAX_EVERY_STEPS:
         raise invalid(f"every_steps must be 0-{MAX_EVERY_STEPS}")
-    did, attempt = a.lease()
+    held = lease(a, eid)
     reg = resources.Registration(body.key, body.driver_id, body.configuration, body.coverage_reuse,
                                  body.every_steps, body.on_completion)
-    return JSONResponse(await call(resources.register, kernel_of(request), a.agent_id, eid, did, attempt, reg))
+    return JSONResponse(await call(resources.register, kernel_of(request), held, reg))
 
 
 @router.post("/v0/executions/{execution_id}/resources/checkpoints",
@@ -289,9 +288,8 @@ async def register_resource(execution_id: str, request: Request) -> Response:
 async def publish_checkpoints(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(CapturesBody, a.body, allow_empty=True).parsed()
-    did, attempt = a.lease()
-    await call(resources.publish, kernel_of(request), a.agent_id, eid, did, attempt, body["captures"],
-               body["capture_failures"])
+    held = lease(a, eid)
+    await call(resources.publish, kernel_of(request), held, body["captures"], body["capture_failures"])
     return Response(status_code=204)
 
 
@@ -300,9 +298,8 @@ async def publish_checkpoints(execution_id: str, request: Request) -> Response:
 async def bind_resource(execution_id: str, key: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "once")
     body = parse_model(BindingBody, a.body)
-    did, attempt = a.lease()
-    await call(resources.bind, kernel_of(request), a.agent_id, eid, did, attempt, check_text(key, "resource key"),
-               body.binding)
+    held = lease(a, eid)
+    await call(resources.bind, kernel_of(request), held, check_text(key, "resource key"), body.binding)
     return Response(status_code=204)
 
 

@@ -100,7 +100,7 @@ def read_tarball(raw: bytes, name: str) -> dict[str, bytes]:
         raise bundle_error(f"{name}: not a readable tarball ({exc})") from None
     if problems:
         raise bundle_error(problems)
-    return _strip_top_directory(files)
+    return strip_top_directory(files)
 
 
 def wanted(path: str) -> bool:
@@ -112,7 +112,7 @@ def wanted(path: str) -> bool:
     )
 
 
-def _strip_top_directory(files: dict[str, bytes]) -> dict[str, bytes]:
+def strip_top_directory(files: dict[str, bytes]) -> dict[str, bytes]:
     """`tar czf shell.tar.gz shell/` puts everything under `shell/`: that directory is the bundle."""
     if ".manifest" in files or not files:
         return files
