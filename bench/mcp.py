@@ -1,11 +1,12 @@
-"""The `mcp` scenario: what `regent mcp` adds to a tool call, side by side in one run.
+"""The `mcp` scenario: what the MCP gateway adds to a tool call, side by side in one run.
 
-Its own servers, per backend (SQLite, and PostgreSQL when reachable): `regent serve` with two
-agents, an upstream MCP server on streamable HTTP (`python -m bench.mcp upstream PORT`, one
-`echo` tool), `regent mcp serve` in front of it, and a webhook receiver in this process that
-keeps the plain agent's lease. Interleaved, one at a time: a tools/call through the gateway, the
-same call made directly to the upstream, and a plain step round trip (signed submit → proceed →
-signed complete). Goal (issue 31): gateway − direct ≤ 1.2 × the plain round trip, at p50.
+Per backend (SQLite, and PostgreSQL when reachable) and per mode, its own servers: `regent serve`
+with two agents, an upstream MCP server on streamable HTTP (`python -m bench.mcp upstream PORT`,
+one `echo` tool), the gateway in front of it — `regent mcp serve` beside the kernel, then the
+kernel's own `--mcp` gateway — and a webhook receiver in this process that keeps the plain agent's
+lease. Interleaved, one at a time: a tools/call through the gateway, the same call made directly
+to the upstream, and a plain step round trip (signed submit → proceed → signed complete).
+Goal (issue 31): gateway − direct ≤ 1.2 × the plain round trip, at p50.
 """
 
 from __future__ import annotations
@@ -122,15 +123,19 @@ async def _measure(gateway_url: str, upstream_url: str, plain: Agent, lease: Lea
     return out
 
 
-def measure(db_url: str, tmp: Path, n: int, seconds: float, warmup: int) -> dict[str, list[float]]:
+def measure(db_url: str, tmp: Path, n: int, seconds: float, warmup: int,
+            in_kernel: bool = False) -> dict[str, list[float]]:
+    """One backend, one mode: `regent mcp serve` beside the kernel, or (`in_kernel`) the gateway
+    served by the kernel's own process (`regent serve --mcp`)."""
     kernel_port, gw_port, up_port = free_port(), free_port(), free_port()
     token = "bench-" + uuid.uuid4().hex
+    gw_base = f"http://127.0.0.1:{kernel_port}/mcp-gateway" if in_kernel else f"http://127.0.0.1:{gw_port}"
     with _receiver() as recv_port, contextlib.ExitStack() as stack:
         manifest = tmp / f"mcp-{uuid.uuid4().hex[:6]}.yaml"
         manifest.write_text(f"""\
 agents:
   - id: bench-mcp
-    webhook_url: http://127.0.0.1:{gw_port}/webhooks/bench-mcp
+    webhook_url: {gw_base}/webhooks/bench-mcp
     secret: {SECRET}
     mcp:
       trust_new_tools: true
@@ -145,15 +150,18 @@ agents:
                                        up_port, {}, tmp))
         kernel = stack.enter_context(serve(
             "mcp-kernel", [sys.executable, "-m", "kernel", "serve", "--db-url", db_url, "--host", "127.0.0.1",
-                           "--port", str(kernel_port), "--config", str(manifest)],
+                           "--port", str(kernel_port), "--config", str(manifest), *(["--mcp"] if in_kernel else [])],
             kernel_port, {"REGENT_BEARER_TOKEN": token, "REGENT_SQLITE_SYNCHRONOUS": "full"}, tmp))
         kernel.wait_ready()
-        gw = stack.enter_context(serve(
-            "mcp-gateway", [sys.executable, "-m", "kernel", "mcp", "serve", "--config", str(manifest), "--kernel",
-                            kernel.url, "--port", str(gw_port)],
-            gw_port, {"REGENT_MCP_KERNEL_TOKEN": token, "REGENT_LOG_LEVEL": "warning"}, tmp))
+        procs = {"kernel": kernel.proc.pid}
+        if not in_kernel:
+            gw = stack.enter_context(serve(
+                "mcp-gateway", [sys.executable, "-m", "kernel", "mcp", "serve", "--config", str(manifest), "--kernel",
+                                kernel.url, "--port", str(gw_port)],
+                gw_port, {"REGENT_MCP_KERNEL_TOKEN": token, "REGENT_LOG_LEVEL": "warning"}, tmp))
+            procs["gateway"] = gw.proc.pid
         _wait(f"http://127.0.0.1:{up_port}/mcp", "the upstream")
-        _wait(f"{gw.url}/health", "regent mcp")
+        _wait(f"{gw_base}/health", "the MCP gateway")
         r = httpx.post(f"{kernel.url}/v0/executions", json={"agent_id": "bench-plain", "input": None},
                        headers={"Authorization": f"Bearer {token}"}, timeout=30)
         r.raise_for_status()
@@ -164,10 +172,10 @@ agents:
         if eid not in _Receiver.leases:
             raise RuntimeError("the plain agent's execution was never delivered")
         plain = Agent(kernel.url, "bench-plain", SECRET)
-        procs = {"gateway": gw.proc.pid, "kernel": kernel.proc.pid, "upstream": up.proc.pid}
+        procs["upstream"] = up.proc.pid
         before = {k: proc_cpu(pid) for k, pid in procs.items()}
         try:
-            out = asyncio.run(_measure(f"{gw.url}/mcp/bench-mcp", f"http://127.0.0.1:{up_port}/mcp", plain,
+            out = asyncio.run(_measure(f"{gw_base}/mcp/bench-mcp", f"http://127.0.0.1:{up_port}/mcp", plain,
                                        _Receiver.leases[eid], n, seconds, warmup))
         finally:
             plain.close()
@@ -190,30 +198,34 @@ def _run(p: Profile) -> list[Result]:
     n, seconds, warmup = (300, 20.0, 10) if quick else (1000, 60.0, 30)
     results: list[Result] = []
     tmp = Path(tempfile.mkdtemp(prefix="regent-bench-mcp-"))
-    backends: list[tuple[str, Any]] = [("sqlite", contextlib.nullcontext(f"sqlite:///{tmp}/mcp.db"))]
-    backends.append(("postgres", pg_scratch(DEFAULT_PG_URL)))
+    backends: list[tuple[str, Any]] = [
+        ("sqlite", lambda: contextlib.nullcontext(f"sqlite:///{tmp}/mcp-{uuid.uuid4().hex[:6]}.db")),
+        ("postgres", lambda: pg_scratch(DEFAULT_PG_URL)),
+    ]
     for name, db in backends:
-        try:
-            with db as url:
-                m = measure(url, tmp, n, seconds, warmup)
-        except Exception as e:
-            results.append(Result("mcp: gateway overhead", name, error=f"{type(e).__name__}: {e}"))
-            continue
-        cpu = {k[4:]: v[0] for k, v in m.items() if k.startswith("cpu_")}
-        st = {k: _stats(v) for k, v in m.items() if not k.startswith("cpu_")}
-        added = st["gateway"]["p50"] - st["direct"]["p50"]
-        ratio = added / st["plain"]["p50"] if st["plain"]["p50"] else float("nan")
-        for k, label in (("gateway", "tools/call through regent mcp"), ("direct", "tools/call to the upstream"),
-                         ("plain", "plain step round trip")):
-            results.append(Result(f"mcp: {label}", name, op="call" if k != "plain" else "round trip",
-                                  stats={**st[k], "workers": 1}))
-        results[-1].figures.append((
-            f"mcp ({name}): (gateway − direct) ÷ plain round trip, p50",
-            f"{ratio:.2f}× ({added * 1e3:.2f} ms added; round trip {st['plain']['p50'] * 1e3:.2f} ms)",
-            f"≤ {GOAL}×"))
-        results[-1].figures.append((
-            f"mcp ({name}): CPU per round of the three, by process",
-            ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in cpu.items()), "–"))
+        for in_kernel in (False, True):
+            mode = "regent serve --mcp" if in_kernel else "regent mcp"
+            try:
+                with db() as url:
+                    m = measure(url, tmp, n, seconds, warmup, in_kernel)
+            except Exception as e:
+                results.append(Result(f"mcp: gateway overhead ({mode})", name, error=f"{type(e).__name__}: {e}"))
+                continue
+            cpu = {k[4:]: v[0] for k, v in m.items() if k.startswith("cpu_")}
+            st = {k: _stats(v) for k, v in m.items() if not k.startswith("cpu_")}
+            added = st["gateway"]["p50"] - st["direct"]["p50"]
+            ratio = added / st["plain"]["p50"] if st["plain"]["p50"] else float("nan")
+            for k, label in (("gateway", f"tools/call through {mode}"), ("direct", "tools/call to the upstream"),
+                             ("plain", "plain step round trip")):
+                results.append(Result(f"mcp: {label}", name, op="call" if k != "plain" else "round trip",
+                                      stats={**st[k], "workers": 1}))
+            results[-1].figures.append((
+                f"mcp ({name}, {mode}): (gateway − direct) ÷ plain round trip, p50",
+                f"{ratio:.2f}× ({added * 1e3:.2f} ms added; round trip {st['plain']['p50'] * 1e3:.2f} ms)",
+                f"≤ {GOAL}×"))
+            results[-1].figures.append((
+                f"mcp ({name}, {mode}): CPU per round of the three, by process",
+                ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in cpu.items()), "–"))
     return results
 
 

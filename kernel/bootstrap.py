@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from kernel.config import Settings
 from kernel.core.kernel import Kernel
+from kernel.errors import ConfigError
 from kernel.manifest import Manifest, load_manifest, provision
 from kernel.store import SqlStore, open_store
 from kernel.store.migrations import migrate
@@ -236,11 +237,31 @@ def shadow_runner(settings: Settings, kernel: Kernel, rego: Any) -> Any:
     return runner
 
 
+def mcp_gateway(settings: Settings, kernel: Kernel, manifest: Manifest | None, app: Any, token: str | None) -> Any:
+    """`--mcp`: the MCP gateway of the manifest's `mcp:` agents on this app (kernel/mcp/inkernel.py)."""
+    import functools
+    from pathlib import Path
+
+    from kernel.api.routes import agent
+    from kernel.mcp.inkernel import Host, mount
+
+    assert manifest is not None
+    host_ = Host(submit=functools.partial(agent.submit, kernel, app.state.metrics),
+                 outcome=functools.partial(agent.outcome, kernel, app.state.metrics))
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    host = f"[{host}]" if ":" in host else host
+    return mount(app, host_, manifest, kernel_url=f"http://{host}:{settings.port}", kernel_token=token,
+                 pins_path=Path(settings.mcp_pins_file) if settings.mcp_pins_file else None)
+
+
 def build_runtime(settings: Settings) -> Runtime:
     from kernel.api.app import create_app
 
     assert settings.db_url, "db_url is required"
     manifest = load_manifest(settings.config) if settings.config else None  # fail before the store opens
+    if settings.mcp_in_kernel and (manifest is None or not any(a.mcp is not None for a in manifest.agents)):
+        raise ConfigError("--mcp (REGENT_MCP_IN_KERNEL) serves the MCP gateway of the manifest's agents that have an "
+                          "`mcp:` section: " + (f"{manifest.path} has none" if manifest else "there is no manifest"))
     from kernel.decisionlog import build_decision_log
 
     decision_log = build_decision_log(settings)  # a bad mask rule fails here too
@@ -283,6 +304,8 @@ def build_runtime(settings: Settings) -> Runtime:
             store.close()
             raise
     token = settings.bearer_token.get_secret_value() if settings.bearer_token else None
+    hooks = (stream_hooks(settings, store) + background_hooks(settings, kernel) + decision_log_hooks(decision_log)
+             + judge_hooks(judge) + bundle_hooks(kernel, pulled) + heap_hooks())
     app = create_app(
         kernel,
         bearer_token=token,
@@ -292,9 +315,10 @@ def build_runtime(settings: Settings) -> Runtime:
         require_request_nonce=settings.require_request_nonce,
         replay_cache_size=settings.replay_cache_size,
         replay_shared=settings.replay_shared,
-        lifespan_hooks=stream_hooks(settings, store) + background_hooks(settings, kernel)
-        + decision_log_hooks(decision_log) + judge_hooks(judge) + bundle_hooks(kernel, pulled) + heap_hooks(),
+        lifespan_hooks=hooks,
     )
+    if settings.mcp_in_kernel:
+        hooks.append(mcp_gateway(settings, kernel, manifest, app, token))  # the lifespan reads `hooks` when it runs
     # The console is mounted here, beside the API rather than inside it: api/ does not know it exists.
     from kernel import console
 

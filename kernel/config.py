@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     sqlite_inline_idle_calls: bool = True
     db_pool_size: int = 10
 
+    # The MCP gateway in this process, under /mcp-gateway (`--mcp`; docs/mcp.md, "In the kernel's
+    # process"): its pin file (the last approvals the kernel answered), as `regent mcp serve` reads it
+    mcp_in_kernel: bool = False
+    mcp_pins_file: str | None = None
+
     # Requests
     max_body_bytes: int = 10 * 1024 * 1024
     # Each request must arrive whole (line, headers, body) within this long of its connection

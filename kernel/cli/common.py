@@ -26,6 +26,8 @@ def settings_from(args: argparse.Namespace, **forced: object) -> Settings:
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
+    if getattr(args, "mcp", False):
+        overrides["mcp_in_kernel"] = True
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except SettingsError as exc:

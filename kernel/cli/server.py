@@ -62,6 +62,8 @@ def _serve(settings: Settings) -> int:
                   f"lease {settings.dispatch_lease_timeout:g}s")
     if settings.dev:
         console.print("  auth    anonymous client/admin calls allowed (dev); supplied tokens are checked")
+    if settings.mcp_in_kernel:
+        console.print(f"  mcp     [cyan]{url}/mcp-gateway/mcp/<agent>[/] (webhooks at {url}/mcp-gateway/webhooks/<agent>)")
     console.print(f"  console [cyan]{url}/console[/] "
                   + ("(anonymous admin)" if settings.dev else "(sign in with an API key or the bootstrap token)"))
     from kernel.api.transport import guarded_protocol
@@ -128,6 +130,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         sp.add_argument("--host", help="listen address (REGENT_HOST, default 127.0.0.1)")
         sp.add_argument("--port", type=int, help="listen port (REGENT_PORT, default 8080)")
         sp.add_argument("--config", help="provisioning manifest (REGENT_CONFIG)")
+        sp.add_argument("--mcp", action="store_true",
+                        help="serve the manifest's MCP gateways in this process, under /mcp-gateway (REGENT_MCP_IN_KERNEL)")
 
     sp = sub.add_parser("dev", help="serve on an embedded SQLite file with bundles/ loaded; no set-up")
     server_flags(sp)

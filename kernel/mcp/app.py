@@ -11,7 +11,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -24,6 +24,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from kernel.ids import whole_number
 from kernel.manifest import Manifest
+from kernel.mcp.answers import JsonUnlessProgress, serving, wants_stream
 from kernel.mcp.catalog import Metrics
 from kernel.mcp.gateway import AgentGateway
 from kernel.mcp.leases import AgentLink, LeaseBook
@@ -50,7 +51,8 @@ class Gateways:
     lease book, one view of the kernel's tool pins and one metrics registry."""
 
     def __init__(self, manifest: Manifest, kernel_url: str, *, kernel_token: str | None,
-                 pins_path: Path | None, only: str | None = None):
+                 pins_path: Path | None, only: str | None = None, link: type[AgentLink] = AgentLink,
+                 link_args: tuple[Any, ...] = ()):
         self.kernel_url, self.kernel_token = kernel_url, kernel_token
         agents = [a for a in manifest.agents if a.mcp is not None and (only is None or a.id == only)]
         self.pins = KernelPins(pins_path, {a.id: a.mcp.pins for a in agents if a.mcp is not None})
@@ -62,9 +64,9 @@ class Gateways:
         self.links: dict[str, AgentLink] = {}
         for a in agents:
             assert a.mcp is not None
-            link = AgentLink(self.http, a.id, a.secret, kernel_token)
-            self.links[a.id] = link
-            self.agents[a.id] = AgentGateway(a.id, a.mcp, link, self.book, self.pins, self.metrics)
+            link_ = link(self.http, a.id, a.secret, kernel_token, *link_args)
+            self.links[a.id] = link_
+            self.agents[a.id] = AgentGateway(a.id, a.mcp, link_, self.book, self.pins, self.metrics)
         self.managers: dict[str, StreamableHTTPSessionManager] = {}
 
     async def start(self) -> None:
@@ -122,26 +124,28 @@ class Gateways:
             vetted = await self._vetted(scope, receive, send)
             if vetted is None:
                 return
-            receive = vetted
+            receive, message = vetted
+            serving(wants_stream(message, headers.get("accept", "")))
         await self.managers[agent_id].handle_request(scope, receive, send)
 
-    async def _vetted(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+    async def _vetted(self, scope: Scope, receive: Receive, send: Send) -> tuple[Receive, Any] | None:
         """Read the body whole (bounded) and refuse JSON nested past the parser's recursion limit
         with a JSON-RPC parse error (the SDK answers it with a 500); the SDK then reads the same
-        bytes."""
+        bytes. Returns that receive and the parsed message (None when it is not JSON)."""
         body = bytearray()
         more = True
         while more:
-            message = await receive()
-            if message["type"] != "http.request":
+            chunk = await receive()
+            if chunk["type"] != "http.request":
                 return None
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+            body += chunk.get("body", b"")
+            more = chunk.get("more_body", False)
             if len(body) > _MAX_MCP_BODY:
                 await _jsonrpc_error(413, -32600, f"request body over {_MAX_MCP_BODY} bytes")(scope, receive, send)
                 return None
+        parsed: Any = None
         try:
-            json.loads(body)
+            parsed = json.loads(body)
         except RecursionError:
             await _jsonrpc_error(400, -32700, "JSON nested too deeply")(scope, receive, send)
             return None
@@ -156,7 +160,7 @@ class Gateways:
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
             return await receive()
 
-        return replay
+        return replay, parsed
 
     def _client_ok(self, gw: AgentGateway, auth: str) -> bool:
         """A client presents the agent's `client_token`, or a kernel API key (checked by the kernel
@@ -169,27 +173,36 @@ class Gateways:
             return True
         return gw.cfg.client_token is None and not bearer
 
-    def app(self) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The session managers and the upstreams, for as long as the app serves."""
+        async with contextlib.AsyncExitStack() as stack:
+            for m in self.managers.values():
+                await stack.enter_async_context(m.run())
+            await self.start()
+            try:
+                yield
+            finally:
+                await self.close()
+
+    def app(self, *, lifespan: bool = True) -> Starlette:
+        """The gateway's routes; with `lifespan=False` the caller runs `running()` itself (a
+        mounted app's lifespan is not run: the kernel's own lifespan runs it, kernel/mcp/inkernel.py)."""
         for agent_id, gw in self.agents.items():
-            self.managers[agent_id] = StreamableHTTPSessionManager(gw.server, max_request_body_size=_MAX_MCP_BODY)
+            self.managers[agent_id] = StreamableHTTPSessionManager(
+                gw.server, json_response=cast(bool, JsonUnlessProgress()), max_request_body_size=_MAX_MCP_BODY)
 
         @contextlib.asynccontextmanager
-        async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            async with contextlib.AsyncExitStack() as stack:
-                for m in self.managers.values():
-                    await stack.enter_async_context(m.run())
-                await self.start()
-                try:
-                    yield
-                finally:
-                    await self.close()
+        async def own_lifespan(app: Starlette) -> AsyncIterator[None]:
+            async with self.running():
+                yield
 
-        return Starlette(routes=[
+        return Starlette(lifespan=own_lifespan if lifespan else None, routes=[
             Route("/mcp/{agent_id}", endpoint=_Asgi(self.mcp), methods=["GET", "POST", "DELETE"]),
             Route("/webhooks/{agent_id}", self.webhook, methods=["POST"]),
             Route("/metrics", self.metrics_route, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
-        ], lifespan=lifespan)
+        ])
 
 
 class _Asgi:

@@ -19,7 +19,7 @@ from kernel.gateway.kernel_client import Lease
 from kernel.identity import args_hash
 from kernel.manifest_mcp import McpAgent
 from kernel.mcp.catalog import Entry, Metrics
-from kernel.mcp.leases import Slot
+from kernel.mcp.leases import Reply, Slot
 from kernel.mcp.upstream import UpstreamError
 
 log = logging.getLogger("regent.mcp")
@@ -94,7 +94,7 @@ class Caller:
             call.occurrence = pending.pop(0)
         return call
 
-    async def _submit(self, slot: Slot, lease: Lease, call: Call) -> httpx.Response:
+    async def _submit(self, slot: Slot, lease: Lease, call: Call) -> Reply:
         """Submit `call` at its occurrence: first replay the earlier occurrences this dispatch has
         not seen (the kernel counts occurrences per dispatch, from 0 at each delivery)."""
         target = call.occurrence if call.occurrence is not None else slot.total[call.key]
@@ -231,7 +231,7 @@ class Caller:
             await self._record_soon(slot, slot.link.complete_step(lease, step_id, value))
         return result
 
-    async def _record_soon(self, slot: Slot, request: Coroutine[Any, Any, httpx.Response]) -> None:
+    async def _record_soon(self, slot: Slot, request: Coroutine[Any, Any, Reply]) -> None:
         """Record an upstream answer while it goes back to the client (unless the manifest says
         `record_before_answer`). The session's next submission waits for it, so the timeline keeps
         the calls' order. Why not first: the record is half a step round trip: waiting for it, the
@@ -245,7 +245,7 @@ class Caller:
             await task
 
     @staticmethod
-    async def _record(request: Awaitable[httpx.Response]) -> None:
+    async def _record(request: Awaitable[Reply]) -> None:
         try:
             r = await request
         except httpx.HTTPError as e:
@@ -255,7 +255,7 @@ class Caller:
             log.warning("recording a step outcome was refused: %s %s", r.status_code, _code(r))
 
 
-def _code(r: httpx.Response) -> str:
+def _code(r: Reply) -> str:
     try:
         body = r.json()
     except ValueError:
@@ -263,7 +263,7 @@ def _code(r: httpx.Response) -> str:
     return str(body.get("code", "")) if isinstance(body, dict) else ""
 
 
-def _message(r: httpx.Response) -> str:
+def _message(r: Reply) -> str:
     try:
         body = r.json()
     except ValueError:

@@ -10,7 +10,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -18,6 +18,19 @@ from kernel.gateway.kernel_client import Lease, post_signed
 from kernel.signing import sign_request
 
 log = logging.getLogger("regent.mcp")
+
+
+class Reply(Protocol):
+    """What the gateway reads of the kernel's answer: an `httpx.Response`, or the in-kernel
+    gateway's answer made without HTTP (kernel/mcp/inkernel.py)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def text(self) -> str: ...
+
+    def json(self) -> Any: ...
 
 
 class AgentLink:
@@ -33,15 +46,15 @@ class AgentLink:
     async def signed(self, lease: Lease, path: str, payload: Any) -> httpx.Response:
         return await post_signed(self.http, lease, path, payload)
 
-    async def submit(self, lease: Lease, target: str, args: Any, idempotency: str, kind: str = "tool_call") -> httpx.Response:
+    async def submit(self, lease: Lease, target: str, args: Any, idempotency: str, kind: str = "tool_call") -> Reply:
         return await self.signed(lease, f"/v0/executions/{lease.execution_id}/steps",
                                  {"kind": kind, "target": target, "args": args, "idempotency": idempotency})
 
-    async def complete_step(self, lease: Lease, step_id: str, result: Any) -> httpx.Response:
+    async def complete_step(self, lease: Lease, step_id: str, result: Any) -> Reply:
         return await self.signed(lease, f"/v0/executions/{lease.execution_id}/steps/{step_id}/complete",
                                  {"result": result})
 
-    async def fail_step(self, lease: Lease, step_id: str, error: Any) -> httpx.Response:
+    async def fail_step(self, lease: Lease, step_id: str, error: Any) -> Reply:
         return await self.signed(lease, f"/v0/executions/{lease.execution_id}/steps/{step_id}/fail",
                                  {"error": error})
 

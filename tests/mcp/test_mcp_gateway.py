@@ -536,3 +536,34 @@ def test_a_stdio_client_can_relay_to_the_running_http_gateway(env: Env) -> None:
     keyed = [e for e in env.executions() if e["input"]["mcp"].get("session_key") == "relayed"]
     assert len(keyed) == 1 and keyed[0]["input"]["mcp"]["transport"] == "http"
     assert [(s["target"], s["status"]) for s in env.api.steps(keyed[0]["id"])] == [("fs_delete_file", "denied")]
+
+
+def test_a_call_is_answered_with_one_json_body_unless_it_asked_for_progress(env: Env) -> None:
+    """JSON is the cheaper answer (kernel/mcp/answers.py); SSE is kept for a request carrying a
+    progress token, so a call waiting on an approver can report progress (the approval test)."""
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+
+    def call(n: int, meta: dict[str, Any] | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"name": "fs_read_file", "arguments": {"path": f"shape-{n}.txt"}}
+        if meta is not None:
+            params["_meta"] = meta
+        return {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": params}
+
+    with httpx.Client(timeout=60) as h:
+        r = h.post(url(env), json=init, headers=accept)
+        assert r.status_code == 200, r.text[:300]
+        session = {**accept, "mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+        h.post(url(env), json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+        plain = h.post(url(env), json=call(2, None), headers=session)
+        streamed = h.post(url(env), json=call(3, {"progressToken": "p-3"}), headers=session)
+        json_only = h.post(url(env), json=call(4, {"progressToken": "p-4"}),
+                           headers={**session, "Accept": "application/json"})
+    assert plain.status_code == 200 and plain.headers["content-type"].startswith("application/json")
+    body = plain.json()
+    assert body["id"] == 2 and "(no file shape-2.txt)" in body["result"]["content"][0]["text"]
+    assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+    assert '"id":3' in streamed.text and "(no file shape-3.txt)" in streamed.text
+    # A client that reads no SSE is answered in JSON even when it asks for progress.
+    assert json_only.status_code == 200 and json_only.json()["id"] == 4

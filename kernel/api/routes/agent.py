@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -29,9 +31,11 @@ from kernel.api.deps import (
     step_param,
     uuid_param,
 )
+from kernel.api.metrics import ApiMetrics
 from kernel.api.render import JSONResponse, execution_json, step_json
 from kernel.core import executions, resources, sessions, steps
-from kernel.domain import StepKind
+from kernel.core.kernel import Kernel
+from kernel.domain import Lease, StepKind
 from kernel.errors import Forbidden, invalid
 from kernel.identity import canonical_hash, canonical_json
 from kernel.text import check_text, scrub_text
@@ -144,10 +148,18 @@ class MetadataBody(Strict):
              openapi_extra=schema.operation(SubmitBody, answer=schema.DECISION, overrides=_SUBMIT_ENUMS))
 async def submit_step(execution_id: str, request: Request) -> Response:
     a, eid = await signed_on(request, execution_id, "repeatable", with_call=True)
-    body = parse_model(SubmitBody, a.body, lexical=True)
+    answer = await submit(kernel_of(request), request.app.state.metrics, functools.partial(lease, a, eid), a.body)
+    return JSONResponse(answer.to_json())
+
+
+async def submit(k: Kernel, metrics: ApiMetrics, lease_of: Callable[[], Lease], raw: bytes) -> steps.StepAnswer:
+    """A step's submission once its caller is known to hold the lease `lease_of` reads: the route's
+    work after the signature (the body, then the lease, `signed_on`), and the in-kernel MCP
+    gateway's submission (kernel/mcp/inkernel.py): one code path."""
+    body = parse_model(SubmitBody, raw, lexical=True)
     if body.kind not in _KINDS:
         raise invalid(f"unknown kind {body.kind!r} (tool_call, llm_call or local)")
-    held = lease(a, eid)
+    held = lease_of()
     text = canonical_json(dumps_lexical(body.args)) if body.args is not None else "null"
     req = steps.StepRequest(
         kind=body.kind,
@@ -158,7 +170,6 @@ async def submit_step(execution_id: str, request: Request) -> Response:
         idempotency=body.idempotency,
         resources=tuple(dict.fromkeys(body.resources or ())),
     )
-    k = kernel_of(request)
     try:
         answer = await call_hot(steps.submit_step, k, held, req)
     except steps.JudgeNeeded as need:
@@ -166,22 +177,30 @@ async def submit_step(execution_id: str, request: Request) -> Response:
         # lane thread held; then decide again with its answer (kernel.core.steps.JudgeNeeded).
         verdict = await k.judge.ask(need.spec, need.input)
         answer = await call_hot(steps.submit_step, k, held, req, {need.rule_id: verdict})
-    request.app.state.metrics.decision(req.kind, answer.decision, a.agent_id, answer.decided_rule)
-    return JSONResponse(answer.to_json())
+    metrics.decision(req.kind, answer.decision, held.agent_id, answer.decided_rule)
+    return answer
 
 
 async def _outcome(request: Request, execution_id: str, step_id: str, failed: bool) -> Response:
     a, eid = await signed_on(request, execution_id, "once", with_call=True)
+    answer = await outcome(kernel_of(request), request.app.state.metrics, functools.partial(lease, a, eid), step_id,
+                           a.body, failed)
+    return JSONResponse(answer.to_json())
+
+
+async def outcome(k: Kernel, metrics: ApiMetrics, lease_of: Callable[[], Lease], step_id: str, raw: bytes,
+                  failed: bool) -> steps.StepAnswer:
+    """A step's result or error once its caller is known to hold the lease (as `submit`)."""
     if failed:
-        fb = parse_model(FailStepBody, a.body)
+        fb = parse_model(FailStepBody, raw)
         kwargs: dict[str, Any] = {"error": fb.error, "failed": True, **fb.parsed()}
     else:
-        cb = parse_model(CompleteStepBody, a.body)
+        cb = parse_model(CompleteStepBody, raw)
         kwargs = {"result": cb.result, **cb.parsed()}
-    held = lease(a, eid)
-    answer = await call_hot(steps.record_outcome, kernel_of(request), held, step_param(step_id), **kwargs)
-    request.app.state.metrics.outcome(failed, answer.decision)
-    return JSONResponse(answer.to_json())
+    held = lease_of()
+    answer = await call_hot(steps.record_outcome, k, held, step_param(step_id), **kwargs)
+    metrics.outcome(failed, answer.decision)
+    return answer
 
 
 @_hot("/v0/executions/{execution_id}/steps/{step_id}/complete",
