@@ -324,7 +324,7 @@ def results_for(store: str, sides: dict[str, Side], commit: float, concurrency: 
 def _run(p: Profile) -> list[Result]:
     import os
 
-    from bench.run import fsync_reference
+    from bench.servers import fsync_reference
 
     pg_url = os.environ.get("REGENT_TEST_POSTGRES_URL", DEFAULT_PG_URL)
     out: list[Result] = []

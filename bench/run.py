@@ -47,7 +47,14 @@ from bench.scenarios import (
     Scenario,
     Target,
 )
-from bench.servers import DEFAULT_PG_URL, pg_scratch, pg_version, serve_bare, serve_kernel
+from bench.servers import (
+    DEFAULT_PG_URL,
+    fsync_reference,
+    pg_scratch,
+    pg_version,
+    serve_bare,
+    serve_kernel,
+)
 from bench.sessions import SESSIONS
 from bench.shadow import NAME as SHADOW_NAME
 from bench.shadow import SHADOW
@@ -389,34 +396,6 @@ def _fs_of(path: Path) -> str:
     except OSError:
         pass
     return fs
-
-
-def fsync_reference(tmp: Path, n: int) -> tuple[str, float]:
-    """The disk's floor under synchronous=FULL: one-row commits on a bare sqlite3 WAL file in the
-    same directory as the kernel's (a kernel round trip makes two such commits, one per request)."""
-    path = tmp / "fsync-reference.db"
-    c = sqlite3.connect(path, isolation_level=None)
-    try:
-        c.execute("PRAGMA journal_mode=WAL")
-        c.execute("PRAGMA synchronous=FULL")
-        c.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
-        lat = []
-        stop = time.perf_counter() + 5.0
-        for _ in range(n):
-            t = time.perf_counter()
-            c.execute("BEGIN IMMEDIATE")
-            c.execute("INSERT INTO t (v) VALUES (?)", ("x" * 200,))
-            c.execute("COMMIT")
-            lat.append(time.perf_counter() - t)
-            if t > stop:
-                break
-    finally:
-        c.close()
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(path) + suffix).unlink(missing_ok=True)
-    lat.sort()
-    return (f"bare sqlite3 one-row commit p50 {_ms(percentile(lat, 0.5))} ms, p90 {_ms(percentile(lat, 0.9))} ms, "
-            f"p99 {_ms(percentile(lat, 0.99))} ms (n={len(lat)})"), percentile(lat, 0.5)
 
 
 def busy_notes(rows: list[dict[str, Any]], load_start: str) -> list[str]:

@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from bench.client import percentile
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: bench/ and kernel/ live here
 
@@ -156,3 +159,37 @@ def pg_version(url: str) -> str:
         return f"PostgreSQL {v} (synchronous_commit={sc}, fsync={fs})"
     finally:
         eng.dispose()
+
+
+# -- the disk's floor ------------------------------------------------------------------------------
+
+def fsync_reference(tmp: Path, n: int) -> tuple[str, float]:
+    """The disk's floor under synchronous=FULL: one-row commits on a bare sqlite3 WAL file in the
+    same directory as the kernel's (a kernel round trip makes two such commits, one per request)."""
+    path = tmp / "fsync-reference.db"
+    c = sqlite3.connect(path, isolation_level=None)
+    try:
+        c.execute("PRAGMA journal_mode=WAL")
+        c.execute("PRAGMA synchronous=FULL")
+        c.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+        lat = []
+        stop = time.perf_counter() + 5.0
+        for _ in range(n):
+            t = time.perf_counter()
+            c.execute("BEGIN IMMEDIATE")
+            c.execute("INSERT INTO t (v) VALUES (?)", ("x" * 200,))
+            c.execute("COMMIT")
+            lat.append(time.perf_counter() - t)
+            if t > stop:
+                break
+    finally:
+        c.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(path) + suffix).unlink(missing_ok=True)
+    lat.sort()
+    return (f"bare sqlite3 one-row commit p50 {_ms_(percentile(lat, 0.5))} ms, p90 {_ms_(percentile(lat, 0.9))} ms, "
+            f"p99 {_ms_(percentile(lat, 0.99))} ms (n={len(lat)})"), percentile(lat, 0.5)
+
+
+def _ms_(x: float) -> str:
+    return "–" if x != x else (f"{x * 1e3:.2f}" if x < 0.1 else f"{x * 1e3:.1f}")
