@@ -87,8 +87,12 @@ def _wait(url: str, what: str, timeout: float = 90.0) -> None:
 
 async def _measure(gateway_url: str, upstream_url: str, plain: Agent, lease: Lease, n: int, seconds: float,
                    warmup: int) -> dict[str, list[float]]:
+    import logging
+
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
+
+    logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK's client logs each session at INFO
 
     out: dict[str, list[float]] = {"gateway": [], "direct": [], "plain": []}
     async with contextlib.AsyncExitStack() as stack:
