@@ -63,16 +63,9 @@ def _queries(toks: list[Token]) -> list[tuple[int, int, bool]]:
                 out.append((k + 1, matching(toks, k, n), True))
         elif t.kind == "op" and t.text in "[{":
             close = matching(toks, j, n)
-            depth = 0
-            for k in range(j + 1, close):
-                x = toks[k]
-                if x.kind == "op" and x.text in "([{":
-                    depth += 1
-                elif x.kind == "op" and x.text in ")]}":
-                    depth -= 1
-                elif depth == 0 and x.text == "|":
-                    out.append((k + 1, close, True))
-                    break
+            bar = _bar(toks, j, close)
+            if bar is not None:
+                out.append((bar + 1, close, True))
     return out
 
 
