@@ -12,14 +12,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from reliability.fuzz import agent_headers
-from reliability.procs import TOKEN, Kernel, free_port, write_manifest
+from reliability.procs import TOKEN, Kernel, http_receiver, write_manifest
 from reliability.report import Outcome
 
 AGENT = "hostile"
@@ -91,10 +91,8 @@ class Webhooks:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.port = free_port()
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.server, self.port, serving = http_receiver(Handler)
+        serving.start()
 
     def lease(self, execution_id: str, after: tuple[str, int] | None = None,
               timeout: float = 30.0) -> tuple[str, int] | None:

@@ -15,10 +15,9 @@ import hmac
 import json
 import queue
 import random
-import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -26,7 +25,7 @@ from urllib.parse import quote
 import httpx
 
 from reliability.audit import first
-from reliability.procs import SECRET, Kernel, free_port, write_manifest
+from reliability.procs import SECRET, Kernel, http_receiver, write_manifest
 from reliability.report import Outcome
 
 AGENT = "fuzz"
@@ -52,10 +51,8 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.port = free_port()
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.server, self.port, serving = http_receiver(Handler)
+        serving.start()
 
     def close(self) -> None:
         self.server.shutdown()

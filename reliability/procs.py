@@ -11,8 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def http_receiver(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, int, threading.Thread]:
+    """A loopback HTTP server for `handler` on a free port, each request on a daemon thread; returns
+    the server, its port and the (not yet started) thread that serves it."""
+    port = free_port()
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+    return server, port, threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

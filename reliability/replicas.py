@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from reliability.procs import (
     Kernel,
     effect_lines,
     free_port,
+    http_receiver,
     scratch_database,
     write_manifest,
 )
@@ -76,10 +77,7 @@ class Duplicator:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.port = free_port()
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.server, self.port, self.thread = http_receiver(Handler)
 
     def __enter__(self) -> Duplicator:
         self.thread.start()
