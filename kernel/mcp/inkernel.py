@@ -138,7 +138,12 @@ def mount(app: Any, host: Host, manifest: Manifest, *, kernel_url: str, kernel_t
     /mcp-gateway; returns the lifespan hook that runs it (kernel/api/app.py `lifespan_hooks`)."""
     gws = Gateways(manifest, kernel_url, kernel_token=kernel_token, pins_path=pins_path, link=CoreLink,
                    link_args=(host,))
-    app.router.routes.append(Mount(PREFIX, app=_Waiting(gws.app(lifespan=False))))
+    served = _Waiting(gws.app(lifespan=False))
+    ahead = getattr(app, "mount_ahead", None)  # the kernel's app (kernel/api/hot.py): past its middleware stack
+    if ahead is not None:
+        ahead(PREFIX, served)
+    else:
+        app.router.routes.append(Mount(PREFIX, app=served))
 
     async def hook(_app: Any) -> Callable[[], Awaitable[None]]:
         running: AbstractAsyncContextManager[None] = gws.running()
