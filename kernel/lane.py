@@ -392,12 +392,25 @@ def long_lived() -> Iterator[None]:
             gate.long_lived -= 1
 
 
+# A task whose hot calls go to the lane even on an idle kernel (`off_loop`).
+_OFF_LOOP: contextvars.ContextVar[bool] = contextvars.ContextVar("regent_off_loop", default=False)
+
+
+def off_loop() -> None:
+    """Send this task's hot calls to the lane even when the kernel is idle: work done while its
+    request's answer is on its way back, which a call on the event loop would hold up until its
+    commit's fsync is over (the MCP gateway in the kernel's process records a step's outcome while
+    it answers the client: recorded on the loop, the answer waited and a tools/call took 0.5 ms
+    more at p50 on SQLite, bench/journal/2026-12-05-mcp-gateway.md)."""
+    _OFF_LOOP.set(True)
+
+
 async def call_hot(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`call` for a step's submit or outcome: on the event loop itself when the kernel is idle
     (`InlineGate`), else on the lane."""
     lane = _LANE
     gate = lane.inline
-    if gate is None or not lane.idle() or not gate.open():
+    if gate is None or _OFF_LOOP.get() or not lane.idle() or not gate.open():
         return await call(fn, *args, **kwargs)
     check = _BEFORE.get()
     work = functools.partial(fn, *args, **kwargs)

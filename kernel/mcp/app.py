@@ -27,6 +27,7 @@ from kernel.manifest import Manifest
 from kernel.mcp.answers import JsonUnlessProgress, serving, wants_stream
 from kernel.mcp.catalog import Metrics
 from kernel.mcp.gateway import AgentGateway
+from kernel.mcp.kernel_http import KernelHttp
 from kernel.mcp.leases import AgentLink, LeaseBook
 from kernel.mcp.pins import KernelPins
 from kernel.signing import verify_webhook_signature
@@ -60,11 +61,13 @@ class Gateways:
         self.book = LeaseBook()
         self.http = httpx.AsyncClient(base_url=kernel_url, timeout=30.0,
                                       limits=httpx.Limits(max_connections=64, max_keepalive_connections=32))
+        self.lean = KernelHttp.of(kernel_url)
         self.agents: dict[str, AgentGateway] = {}
         self.links: dict[str, AgentLink] = {}
         for a in agents:
             assert a.mcp is not None
             link_ = link(self.http, a.id, a.secret, kernel_token, *link_args)
+            link_.lean = self.lean
             self.links[a.id] = link_
             self.agents[a.id] = AgentGateway(a.id, a.mcp, link_, self.book, self.pins, self.metrics)
         self.managers: dict[str, StreamableHTTPSessionManager] = {}
@@ -82,6 +85,8 @@ class Gateways:
         for g in self.agents.values():
             await g.close()
         await self.http.aclose()
+        if self.lean is not None:
+            await self.lean.aclose()
 
     # -- routes -----------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from mcp import types
 
 from kernel.gateway.kernel_client import Lease
 from kernel.identity import args_hash
+from kernel.lane import long_lived, off_loop
 from kernel.manifest_mcp import McpAgent
 from kernel.mcp.catalog import Entry, Metrics
 from kernel.mcp.leases import Reply, Slot
@@ -190,7 +191,15 @@ class Caller:
 
     async def _wait(self, slot: Slot, newer_than: int, deadline: float, approval_id: str, reason: str,
                     progress: Progress | None) -> bool:
-        """Wait for the next delivery until `deadline`, sending progress on the way."""
+        """Wait for the next delivery until `deadline`, sending progress on the way. Meanwhile the
+        call's request only waits: in the kernel's process (`regent serve --mcp`) it must not keep
+        other agents' lone step calls off the event loop (kernel/lane.py `long_lived`; a no-op in
+        a separate gateway's process)."""
+        with long_lived():
+            return await self._waiting(slot, newer_than, deadline, approval_id, reason, progress)
+
+    async def _waiting(self, slot: Slot, newer_than: int, deadline: float, approval_id: str, reason: str,
+                       progress: Progress | None) -> bool:
         what = f"approval {approval_id}" if approval_id else f"the rate limit ({reason or 'parked'})"
         start = time.monotonic()
         total = max(0.0, deadline - start)
@@ -238,11 +247,19 @@ class Caller:
         gateway added 2.09 plain round trips to a direct call at p50 on SQLite; recording while
         answering, 1.44-1.71 (bench/mcp.py, a loaded 2-CPU machine). What is given up is narrow
         (docs/mcp.md, "When the result is recorded")."""
-        task = asyncio.get_running_loop().create_task(self._record(request))
+        task = asyncio.get_running_loop().create_task(
+            self._record(request) if self.cfg.record_before_answer else self._record_aside(request))
         slot.pending.add(task)
         task.add_done_callback(slot.pending.discard)
         if self.cfg.record_before_answer:
             await task
+
+    @classmethod
+    async def _record_aside(cls, request: Awaitable[Reply]) -> None:
+        """`_record` while the answer goes back: in the kernel's process, on the lane even when
+        the kernel is idle, not on the event loop the answer needs (kernel/lane.py `off_loop`)."""
+        off_loop()
+        await cls._record(request)
 
     @staticmethod
     async def _record(request: Awaitable[Reply]) -> None:

@@ -29,6 +29,7 @@ from starlette.routing import Mount
 from kernel.domain import Lease as KernelLease
 from kernel.errors import CODE_TO_STATUS, RegentError
 from kernel.gateway.kernel_client import Lease
+from kernel.lane import long_lived
 from kernel.manifest import Manifest
 from kernel.mcp.app import Gateways
 from kernel.mcp.leases import AgentLink
@@ -112,13 +113,37 @@ def _body(payload: Any) -> bytes:
     return json.dumps(payload).encode("utf-8")
 
 
+class _Waiting:
+    """The mounted gateway, with each MCP client's GET stream counted as held open (kernel/lane.py
+    `long_lived`). An MCP client keeps that stream open for the whole session, so without this the
+    kernel is never idle: the MCP call's own submit and outcome, and every lone step of any other
+    agent, went to the lane thread instead of running on the event loop (`call_hot`), and the
+    plain step round trip in this mode was 4.28 ms against 3.76 ms beside a separate gateway
+    (bench/journal/2026-12-05-mcp-gateway.md). A POST in flight is the caller's own request."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("method") == "GET" and "/mcp/" in scope.get("path", ""):
+            with long_lived():
+                await self.app(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
 def mount(app: Any, host: Host, manifest: Manifest, *, kernel_url: str, kernel_token: str | None,
           pins_path: Path | None) -> Callable[[Any], Awaitable[Any]]:
     """Mount the gateway of every agent with an `mcp:` section on the kernel's app, under
     /mcp-gateway; returns the lifespan hook that runs it (kernel/api/app.py `lifespan_hooks`)."""
     gws = Gateways(manifest, kernel_url, kernel_token=kernel_token, pins_path=pins_path, link=CoreLink,
                    link_args=(host,))
-    app.router.routes.append(Mount(PREFIX, app=gws.app(lifespan=False)))
+    served = _Waiting(gws.app(lifespan=False))
+    ahead = getattr(app, "mount_ahead", None)  # the kernel's app (kernel/api/hot.py): past its middleware stack
+    if ahead is not None:
+        ahead(PREFIX, served)
+    else:
+        app.router.routes.append(Mount(PREFIX, app=served))
 
     async def hook(_app: Any) -> Callable[[], Awaitable[None]]:
         running: AbstractAsyncContextManager[None] = gws.running()

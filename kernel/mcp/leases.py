@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import httpx
 
 from kernel.gateway.kernel_client import Lease, post_signed
+from kernel.mcp.kernel_http import KernelHttp
 from kernel.signing import sign_request
 
 log = logging.getLogger("regent.mcp")
@@ -39,12 +40,27 @@ class AgentLink:
 
     def __init__(self, http: httpx.AsyncClient, agent_id: str, secret: str, kernel_token: str | None):
         self.http, self.agent_id, self.secret, self.kernel_token = http, agent_id, secret, kernel_token
+        # The signed step calls' own client, when the kernel is plain http:// (kernel/mcp/kernel_http.py;
+        # set by `Gateways`, shared by its links); None: httpx.
+        self.lean: KernelHttp | None = None
 
     def lease(self, execution_id: str, dispatch_id: str, attempt: int) -> Lease:
         return Lease(execution_id, dispatch_id, str(attempt), self.agent_id, self.secret)
 
-    async def signed(self, lease: Lease, path: str, payload: Any) -> httpx.Response:
-        return await post_signed(self.http, lease, path, payload)
+    async def signed(self, lease: Lease, path: str, payload: Any) -> Reply:
+        if self.lean is None:
+            return await post_signed(self.http, lease, path, payload)
+        body = json.dumps(payload).encode("utf-8")
+        stamp = str(int(time.time()))
+        return await self.lean.post(path, body, {
+            "Content-Type": "application/json",
+            "Rebuno-Agent-Id": lease.agent_id,
+            "Rebuno-Timestamp": stamp,
+            "Rebuno-Dispatch-Id": lease.dispatch_id,
+            "Rebuno-Dispatch-Attempt": lease.dispatch_attempt,
+            "Rebuno-Signature": sign_request(lease.agent_secret, "POST", path, stamp, lease.dispatch_id,
+                                             lease.dispatch_attempt, body),
+        })
 
     async def submit(self, lease: Lease, target: str, args: Any, idempotency: str, kind: str = "tool_call") -> Reply:
         return await self.signed(lease, f"/v0/executions/{lease.execution_id}/steps",
@@ -58,10 +74,10 @@ class AgentLink:
         return await self.signed(lease, f"/v0/executions/{lease.execution_id}/steps/{step_id}/fail",
                                  {"error": error})
 
-    async def heartbeat(self, lease: Lease) -> httpx.Response:
+    async def heartbeat(self, lease: Lease) -> Reply:
         return await self.signed(lease, f"/v0/executions/{lease.execution_id}/heartbeat", {})
 
-    async def complete_execution(self, lease: Lease, output: Any) -> httpx.Response:
+    async def complete_execution(self, lease: Lease, output: Any) -> Reply:
         return await self.signed(lease, f"/v0/executions/{lease.execution_id}/complete", {"output": output})
 
     async def report_tools(self, report: Any) -> httpx.Response:

@@ -36,6 +36,7 @@ class UpstreamConn:
     def __init__(self, spec: Upstream, default_timeout: float, on_tools_changed: Callable[[], None]):
         self.spec = spec
         self.timeout = spec.timeout_seconds or default_timeout
+        self._read_timeout = timedelta(seconds=self.timeout)
         self.on_tools_changed = on_tools_changed
         self.tools: list[types.Tool] = []
         self.session: ClientSession | None = None
@@ -127,12 +128,12 @@ class UpstreamConn:
             # one-field schema, a tenth of what the gateway spent per call); the gateway passes
             # the result on unchanged and the client's own SDK checks it against the same schema
             # (tools/list passes it on), so the check would only run twice.
+            # asyncio.timeout, not wait_for: wait_for ran the call in a task of its own (3.11).
             request = types.ClientRequest(types.CallToolRequest(
                 params=types.CallToolRequestParams(name=name, arguments=args)))
-            return await asyncio.wait_for(
-                session.send_request(request, types.CallToolResult,
-                                     request_read_timeout_seconds=timedelta(seconds=self.timeout)),
-                self.timeout + 5.0)
+            async with asyncio.timeout(self.timeout + 5.0):
+                return await session.send_request(request, types.CallToolResult,
+                                                  request_read_timeout_seconds=self._read_timeout)
         except TimeoutError:
             raise UpstreamError("timeout", f"upstream {self.spec.prefix} did not answer within {self.timeout:g}s") from None
         except McpError as e:

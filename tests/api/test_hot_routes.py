@@ -62,3 +62,32 @@ def test_other_requests_on_hot_paths_go_through_the_router(server: ServerThread,
     assert r.status_code == 405 and r.json()["code"] == "method_not_allowed" and r.headers["allow"] == "POST"
     r = httpx.post(f"{server.url}/v0/executions//steps")
     assert r.status_code == 404 and r.json()["code"] == "not_found"
+
+
+def test_an_app_mounted_ahead_is_served_past_the_stack(kernel: Kernel) -> None:
+    """`KernelApp.mount_ahead` (the MCP gateway in the kernel's process): its requests reach it with
+    Starlette's mount scope (root path, route path) and skip the kernel's middlewares: a big
+    answer to a client that accepts gzip is not compressed, as from a process of its own."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from kernel.api.app import create_app
+    from kernel.api.hot import KernelApp
+
+    async def echo(request: Request) -> JSONResponse:
+        return JSONResponse({"root_path": request.scope["root_path"], "id": request.path_params["id"],
+                             "pad": "x" * 4096})
+
+    app = create_app(kernel, dev=True, bearer_token="boot-token")
+    assert isinstance(app, KernelApp)
+    app.mount_ahead("/ahead", Starlette(routes=[Route("/things/{id}", echo, methods=["GET", "POST"])]))
+    with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=10) as http:
+        for method in ("GET", "POST"):
+            r = http.request(method, "/ahead/things/7", headers={"Accept-Encoding": "gzip"})
+            assert r.status_code == 200 and "content-encoding" not in r.headers
+            assert r.json()["root_path"] == "/ahead" and r.json()["id"] == "7"
+        # Other paths still go to the kernel's router.
+        assert http.get("/ahead-not/x").status_code == 404
+        assert http.get("/v0/health").status_code == 200

@@ -120,6 +120,43 @@ async def _grant(env: Env) -> None:
     raise AssertionError("no approval was requested")
 
 
+def _inline_calls(env: Env) -> int:
+    """regent_lane_inline: step calls the kernel ran on its event loop (kernel/lane.py `call_hot`)."""
+    for line in httpx.get(f"{env.kernel.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("regent_lane_inline_total "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no regent_lane_inline_total in /metrics")
+
+
+def test_with_a_client_s_event_stream_open_a_lone_call_s_step_runs_on_the_event_loop(env: Env) -> None:
+    """An MCP client holds its GET stream open for the whole session; the gateway counts it as
+    held open (kernel/mcp/inkernel.py `_Waiting`), so the kernel is still idle between calls and
+    the call's own submit and outcome run on the loop instead of the lane (SQLite only)."""
+    if not env.db_url.startswith("sqlite"):
+        pytest.skip("the event loop runs step calls on SQLite only (REGENT_SQLITE_INLINE_IDLE_CALLS)")
+
+    async def go() -> int:
+        async with mcp_session(env.url) as s:
+            first = await s.call_tool("web_stat", {"path": "inline-0"})
+            assert not first.isError, text(first)
+            # The client's GET stream is open by now, the first outcome recorded, and the pause is
+            # over that a slow first call (over 10 ms: a cold start) puts on the loop (kernel/lane.py).
+            await asyncio.sleep(1.2)
+            before = await asyncio.to_thread(_inline_calls, env)
+            for i in range(1, 6):
+                r = await s.call_tool("web_stat", {"path": f"inline-{i}"})
+                assert not r.isError, text(r)
+            await asyncio.sleep(0.5)  # the last outcome is recorded while the answer goes back
+            return await asyncio.to_thread(_inline_calls, env) - before
+
+    ran = run(go())
+    # Five calls: five submits on the loop, their outcomes on the lane (recorded while the answer
+    # goes back: kernel/mcp/calls.py `_record_aside`). Held up by the stream, none ran on the loop;
+    # a slow disk (a call over 10 ms pauses the loop's calls for a second) or a dispatcher poll on
+    # the lane at the wrong moment may send some of them to the lane.
+    assert ran >= 1, ran
+
+
 def test_after_the_kernel_is_killed_mid_call_a_reconnecting_client_replays_and_no_effect_repeats(env: Env) -> None:
     """kill -9 of the kernel (and so of its gateway) while an at_most_once write runs upstream; the
     kernel restarted on the same store, the same session key: the finished write replays its
