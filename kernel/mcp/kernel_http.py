@@ -6,8 +6,9 @@ more CPU on each (URL parsing and merging, header models, cookie extraction, the
 locks and anyio cancel scopes) than the kernel spends serving it: 45 % of the gateway's CPU per
 call in a yappi profile (1,010 calls, bench/journal/2026-12-05-mcp-gateway.md). These requests
 go to one origin (the kernel), carry a JSON body with a Content-Length, and read a JSON answer,
-so this needs none of that. Anything else (an https:// kernel, executions, tool reports) stays on
-httpx. Failures are raised as httpx's errors, which the callers already handle.
+so this needs none of that: h11 (the HTTP/1.1 state machine under httpx) frames the request and
+reads the answer over an asyncio stream. Anything else (an https:// kernel, executions, tool
+reports) stays on httpx. Failures are raised as httpx's errors, which the callers already handle.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import h11
 import httpx
 
 # An idle connection older than this is closed rather than reused: uvicorn closes a kept-alive
@@ -28,6 +30,7 @@ _IDLE_SECONDS = 2.0
 _MAX_IDLE = 32
 _MAX_HEADERS = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
+_READ = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +49,14 @@ class Answer:
 
 
 class _Conn:
-    __slots__ = ("reader", "used", "writer")
+    __slots__ = ("h11", "reader", "used", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer, self.used = reader, writer, time.monotonic()
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEADERS)
 
     def reusable(self) -> bool:
-        return (not self.reader.at_eof() and not self.writer.is_closing()
+        return (self.h11.our_state is h11.IDLE and not self.reader.at_eof() and not self.writer.is_closing()
                 and time.monotonic() - self.used < _IDLE_SECONDS)
 
     def close(self) -> None:
@@ -71,7 +75,7 @@ class KernelHttp:
         self.prefix = u.path.rstrip("/")
         self.timeout = timeout
         host = f"[{self.host}]" if ":" in self.host else self.host
-        self._host_header = f"Host: {host}:{self.port}\r\n" if u.port else f"Host: {host}\r\n"
+        self._host = f"{host}:{self.port}" if u.port else host
         self._idle: list[_Conn] = []
 
     @classmethod
@@ -83,31 +87,34 @@ class KernelHttp:
             return None
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> Answer:
-        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        request = (f"POST {self.prefix}{path} HTTP/1.1\r\n{self._host_header}{head}Accept: */*\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
+        fields = [("Host", self._host), *headers.items(), ("Accept", "*/*"), ("Content-Length", str(len(body)))]
         conn = self._take()
         try:
             async with asyncio.timeout(self.timeout):
                 if conn is None:
                     reader, writer = await asyncio.open_connection(self.host, self.port)
                     conn = _Conn(reader, writer)
-                conn.writer.write(request)
-                status, keep, content = await _read_answer(conn.reader)
+                c = conn.h11
+                conn.writer.write(c.send(h11.Request(method="POST", target=self.prefix + path, headers=fields))
+                                  + (c.send(h11.Data(data=body)) or b"") + (c.send(h11.EndOfMessage()) or b""))
+                status, content = await _read_answer(conn)
         except TimeoutError:
             if conn is not None:
                 conn.close()
             raise httpx.ReadTimeout("the kernel did not answer in time") from None
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+        except (OSError, h11.ProtocolError, ValueError) as e:
             if conn is not None:
                 conn.close()
             if conn is None:
                 raise httpx.ConnectError(f"cannot connect to the kernel: {e}") from None
-            raise httpx.ReadError(f"the kernel's answer was cut short: {type(e).__name__}") from None
+            raise httpx.ReadError(f"the kernel's answer was cut short or malformed: {type(e).__name__}") from None
         except BaseException:  # cancelled mid-exchange: the connection's state is unknown
             if conn is not None:
                 conn.close()
             raise
+        keep = conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE
+        if keep:
+            conn.h11.start_next_cycle()
         if keep and len(self._idle) < _MAX_IDLE:
             conn.used = time.monotonic()
             self._idle.append(conn)
@@ -129,45 +136,23 @@ class KernelHttp:
         self._idle.clear()
 
 
-async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, bool, bytes]:
-    """(status, whether the connection may be reused, body) of one HTTP/1.1 answer."""
+async def _read_answer(conn: _Conn) -> tuple[int, bytes]:
+    """(status, body) of one answer, read through the connection's h11 state machine (interim 1xx
+    answers skipped); at most _MAX_BODY bytes of body."""
+    c, status, out = conn.h11, 0, bytearray()
     while True:
-        raw = await reader.readuntil(b"\r\n\r\n")
-        if len(raw) > _MAX_HEADERS:
-            raise ValueError("headers too long")
-        lines = raw.decode("latin-1").split("\r\n")
-        version, status_text = lines[0].split(" ", 2)[:2]
-        status = int(status_text)
-        if status >= 200:
-            break  # an interim 1xx answer (100 Continue) is followed by the real one
-    fields: dict[str, str] = {}
-    for line in lines[1:]:
-        if line:
-            name, _, value = line.partition(":")
-            fields[name.strip().lower()] = value.strip()
-    keep = version == "HTTP/1.1" and "close" not in fields.get("connection", "").lower()
-    if "chunked" in fields.get("transfer-encoding", "").lower():
-        return status, keep, await _read_chunked(reader)
-    length = fields.get("content-length")
-    if length is not None:
-        n = int(length)
-        if n < 0 or n > _MAX_BODY:
-            raise ValueError("bad content-length")
-        return status, keep, await reader.readexactly(n)
-    if status in (204, 304):
-        return status, keep, b""
-    return status, False, await reader.read(_MAX_BODY)  # until the kernel closes
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    out = bytearray()
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0].strip(), 16)
-        if size == 0:
-            while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                pass
-            return bytes(out)
-        out += await reader.readexactly(size)
-        await reader.readexactly(2)
-        if len(out) > _MAX_BODY:
-            raise ValueError("body too long")
+        event = c.next_event()
+        if event is h11.NEED_DATA:
+            data = await conn.reader.read(_READ)
+            c.receive_data(data)  # b"" is the end of the stream: h11 raises if the answer is cut short
+            continue
+        if isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            out += event.data
+            if len(out) > _MAX_BODY:
+                raise ValueError("body too long")
+        elif isinstance(event, h11.EndOfMessage):
+            return status, bytes(out)
+        elif isinstance(event, h11.ConnectionClosed):
+            raise ValueError("the connection closed before the answer ended")

@@ -107,3 +107,22 @@ def test_an_unreachable_kernel_and_a_cut_answer_are_httpx_errors() -> None:
 def test_only_a_plain_http_kernel_gets_this_client() -> None:
     assert KernelHttp.of("https://kernel.example") is None
     assert KernelHttp.of("http://[::1]:8080") is not None
+
+
+@pytest.mark.parametrize("answer", [
+    b"NOT HTTP AT ALL\r\n\r\n",  # not a status line
+    b"HTTP/1.1 200 OK\r\ncontent-length: -5\r\n\r\n",  # a length h11 refuses
+    b"HTTP/1.1 200 OK\r\nx: " + b"a" * 200_000,  # a head that goes on past 64 KiB
+])
+def test_a_malformed_answer_is_a_read_error_and_the_connection_is_not_reused(answer: bytes) -> None:
+    """The answer is framed by h11: a kernel (or whatever answers on its port) that sends garbage
+    gets an httpx.ReadError, never a hang or a crash, and the next request opens a new connection."""
+
+    async def go(url: str, heads: list[bytes]) -> Any:
+        http = KernelHttp(url, timeout=5.0)
+        with pytest.raises(httpx.ReadError):
+            await http.post("/v0/z", b"{}", {})
+        assert http._idle == []
+        await http.aclose()
+
+    asyncio.run(_serving(lambda head, body: answer, go))
