@@ -21,11 +21,12 @@ class Lease:
     agent_secret: str
 
 
-async def post_signed(http: httpx.AsyncClient, lease: Lease, path: str, payload: Any) -> httpx.Response:
-    """POST `payload` to the kernel's agent route `path`, signed under `lease` as the official SDK signs."""
+def signed_post(lease: Lease, path: str, payload: Any) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a POST of `payload` to the kernel's agent route `path`, signed under
+    `lease` as the official SDK signs."""
     body = json.dumps(payload).encode("utf-8")
     stamp = str(int(time.time()))
-    headers = {
+    return body, {
         "Content-Type": "application/json",
         "Rebuno-Agent-Id": lease.agent_id,
         "Rebuno-Timestamp": stamp,
@@ -34,6 +35,11 @@ async def post_signed(http: httpx.AsyncClient, lease: Lease, path: str, payload:
         "Rebuno-Signature": sign_request(lease.agent_secret, "POST", path, stamp, lease.dispatch_id,
                                          lease.dispatch_attempt, body),
     }
+
+
+async def post_signed(http: httpx.AsyncClient, lease: Lease, path: str, payload: Any) -> httpx.Response:
+    """POST `payload` to the kernel's agent route `path`, signed under `lease` (`signed_post`)."""
+    body, headers = signed_post(lease, path, payload)
     return await http.post(path, content=body, headers=headers)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from kernel.gateway.kernel_client import Lease, post_signed
+from kernel.gateway.kernel_client import Lease, post_signed, signed_post
 from kernel.mcp.kernel_http import KernelHttp
 from kernel.signing import sign_request
 
@@ -50,17 +50,7 @@ class AgentLink:
     async def signed(self, lease: Lease, path: str, payload: Any) -> Reply:
         if self.lean is None:
             return await post_signed(self.http, lease, path, payload)
-        body = json.dumps(payload).encode("utf-8")
-        stamp = str(int(time.time()))
-        return await self.lean.post(path, body, {
-            "Content-Type": "application/json",
-            "Rebuno-Agent-Id": lease.agent_id,
-            "Rebuno-Timestamp": stamp,
-            "Rebuno-Dispatch-Id": lease.dispatch_id,
-            "Rebuno-Dispatch-Attempt": lease.dispatch_attempt,
-            "Rebuno-Signature": sign_request(lease.agent_secret, "POST", path, stamp, lease.dispatch_id,
-                                             lease.dispatch_attempt, body),
-        })
+        return await self.lean.post(path, *signed_post(lease, path, payload))
 
     async def submit(self, lease: Lease, target: str, args: Any, idempotency: str, kind: str = "tool_call") -> Reply:
         return await self.signed(lease, f"/v0/executions/{lease.execution_id}/steps",
