@@ -122,7 +122,7 @@ def decide_approval(
             raise Conflict("conflict: execution is terminal")
         if principal.key_id is not None:
             _refuse_self_approval(tx, e, principal)
-        s = tx.get_step(a.step_id)
+        s = tx.get_step(a.execution_id, a.step_id)
         kind, target = (s.kind, s.target) if s else ("", None)
         status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
         credential = principal.credential.value
@@ -131,12 +131,12 @@ def decide_approval(
         extra = {"decided_by": who, "asserted_by": asserted, "credential": credential,
                  "key_id": principal.key_id, "rationale": rationale or None}
         if grant:
-            tx.update_step(a.step_id, status=StepStatus.ALLOWED)
+            tx.update_step(a.execution_id, a.step_id, status=StepStatus.ALLOWED)
             answered = ev.approval(EventType.APPROVAL_GRANTED, a, "granted", **extra)
             out = [answered, ev.step(EventType.STEP_ALLOWED, a.step_id, kind, target, **ev.asked_fields(a))]
         else:
             error = _denial(rationale or "approval_denied", a)
-            tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
+            tx.update_step(a.execution_id, a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
             answered = ev.approval(EventType.APPROVAL_DENIED, a, "denied", **extra)
             out = [answered,
                    ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error, **ev.asked_fields(a))]
@@ -225,11 +225,11 @@ def _expire(k: Kernel, tx: Transaction, approval_id: str, now: datetime) -> int:
     e = tx.get_execution(a.execution_id)
     if e is None or e.status.is_terminal:
         return 0
-    s = tx.get_step(a.step_id)
+    s = tx.get_step(a.execution_id, a.step_id)
     kind, target = (s.kind, s.target) if s else ("", None)
     error = _denial("approval_timeout", a)
     tx.set_approval(a.id, status=ApprovalStatus.EXPIRED, decided_at=now, rationale="timeout")
-    tx.update_step(a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
+    tx.update_step(a.execution_id, a.step_id, status=StepStatus.DENIED, error=error, completed_at=now)
     answered = ev.approval(EventType.APPROVAL_EXPIRED, a, "expired", rationale="timeout")
     out = [answered, ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=error, **ev.asked_fields(a))]
     record = _record(k, a, answered, DecisionOutcome.APPROVAL_EXPIRED, now, e.agent_id, kind, target, None, None,

@@ -113,7 +113,7 @@ def _check_parent(tx: Transaction, lin: Lineage) -> None:
     if parent.status.is_terminal:
         raise ExecutionTerminal("parent execution is terminal")
     if lin.spawned_step_id is not None:
-        s = tx.get_step(lin.spawned_step_id)
+        s = tx.get_step(parent.id, lin.spawned_step_id)
         if s is None or s.execution_id != parent.id:
             raise NotFound("spawning step not found in the parent execution")
     # A live ancestor holds its session until it ends, and it waits for this child: a child queued

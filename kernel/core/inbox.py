@@ -103,7 +103,7 @@ def _items(k: Kernel, tx: Transaction, rows: list[Approval], principal: Principa
             e = tx.get_execution(a.execution_id)
             agents[a.execution_id] = e.agent_id if e is not None else ""
         why = refusal(k, tx, a, principal) if principal is not None else None
-        out.append(InboxItem(a, agents[a.execution_id], tx.get_step(a.step_id), why))
+        out.append(InboxItem(a, agents[a.execution_id], tx.get_step(a.execution_id, a.step_id), why))
     return out
 
 

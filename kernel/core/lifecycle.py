@@ -104,14 +104,14 @@ def cancel_in_tx(tx: Transaction, e: Execution, now: datetime, reason: str, who:
     for a in tx.list_approvals("pending", execution_id=e.id):
         tx.set_approval(a.id, status=ApprovalStatus.CANCELLED, decided_at=now, rationale=CANCELLED_RATIONALE,
                         **decider)
-        step = tx.get_step(a.step_id)
+        step = tx.get_step(a.execution_id, a.step_id)
         kind, target = (step.kind, step.target) if step else ("", None)
-        tx.update_step(a.step_id, status=StepStatus.DENIED, error=CANCELLED_ERROR, completed_at=now)
+        tx.update_step(a.execution_id, a.step_id, status=StepStatus.DENIED, error=CANCELLED_ERROR, completed_at=now)
         out.append(ev.approval(EventType.APPROVAL_CANCELLED, a, ApprovalStatus.CANCELLED.value,
                                rationale=CANCELLED_RATIONALE, **decider))
         out.append(ev.step(EventType.STEP_DENIED, a.step_id, kind, target, error=CANCELLED_ERROR,
                            **ev.asked_fields(a)))
     for s in tx.steps_in_status(e.id, StepStatus.EXECUTING):
-        tx.update_step(s.step_id, status=StepStatus.CANCELLED, error=CANCELLED_ERROR, completed_at=now)
+        tx.update_step(s.execution_id, s.step_id, status=StepStatus.CANCELLED, error=CANCELLED_ERROR, completed_at=now)
         out.append(ev.step(EventType.STEP_CANCELLED, s.step_id, s.kind, s.target, error=CANCELLED_ERROR))
     tx.append(e.id, now, out, status=ExecutionStatus.CANCELLED, failure_reason=reason, suspended=False)

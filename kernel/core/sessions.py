@@ -178,15 +178,15 @@ def settle(k: Kernel, parent_id: str) -> bool:
 
 def _record_child(tx: StepStore, c: Execution, now: datetime) -> list[ev.Ev]:
     """The child's end as the outcome of the step that spawned it (once: a terminal step stays)."""
-    s = tx.get_step(c.spawned_step_id or "")
+    s = tx.get_step(c.parent_execution_id or "", c.spawned_step_id or "")
     if s is None or s.execution_id != c.parent_execution_id or s.status.is_terminal:
         return []
     if c.status == ExecutionStatus.COMPLETED:
-        tx.update_step(s.step_id, status=StepStatus.SUCCEEDED, result=c.output, completed_at=now)
+        tx.update_step(s.execution_id, s.step_id, status=StepStatus.SUCCEEDED, result=c.output, completed_at=now)
         return [ev.step(EventType.STEP_SUCCEEDED, s.step_id, s.kind, s.target, child_execution_id=c.id)]
     error = {"reason": f"subagent_{c.status.value}", "message": c.failure_reason or c.status.value,
              "execution_id": c.id}
-    tx.update_step(s.step_id, status=StepStatus.FAILED, error=error, completed_at=now)
+    tx.update_step(s.execution_id, s.step_id, status=StepStatus.FAILED, error=error, completed_at=now)
     return [ev.step(EventType.STEP_FAILED, s.step_id, s.kind, s.target, error=error, child_execution_id=c.id)]
 
 

@@ -166,7 +166,7 @@ def _submit_step(
         declared = resources.require_registered(tx, execution_id, req.resources) if req.resources else None
         # The step recorded at this call's identity and occurrence is the one `sid` names (the id
         # is a hash of them); a row under another id there would be a collision: read by id then.
-        existing = at if at is None or at.step_id == sid else tx.get_step(sid)
+        existing = at if at is None or at.step_id == sid else tx.get_step(execution_id, sid)
         if existing is None and e.forked_from is not None:
             existing = _lent(tx, e, sid, occurrence, req, now)
         if existing is not None:
@@ -199,7 +199,7 @@ def _lent(tx: StepStore, e: Execution, sid: str, occurrence: int, req: StepReque
     recorded it (its `step.proposed` and outcome event, marked `replayed_from`) and replayed."""
     assert e.forked_from is not None
     source_sid = compute_step_id(e.forked_from, req.kind, req.target, req.args_hash, occurrence)
-    s = tx.lend_step(source_sid, e.fork_seq, sid, e.id)
+    s = tx.lend_step(e.forked_from, source_sid, e.fork_seq, sid, e.id)
     if s is None:
         return None
     extra: dict[str, Any] = {"replayed_from": source_sid}
@@ -232,12 +232,12 @@ def _answer_existing(tx: Transaction, s: Step, req: StepRequest, now: datetime) 
         a = tx.pending_approval_for_step(sid)
         return StepAnswer(Answer.BLOCKED, sid, approval_id=a.id if a else None)
     if s.status in (StepStatus.ALLOWED, StepStatus.PROPOSED):
-        tx.update_step(sid, status=StepStatus.EXECUTING, started_at=now)
+        tx.update_step(s.execution_id, sid, status=StepStatus.EXECUTING, started_at=now)
         tx.append(s.execution_id, now, [ev.step(EventType.STEP_EXECUTING, sid, s.kind, s.target)])
         return StepAnswer(Answer.PROCEED, sid)
     if s.status == StepStatus.EXECUTING and req.idempotency == Idempotency.AT_MOST_ONCE:
         # Orphaned: the body may have run. Never run it twice; report the unknown outcome.
-        tx.update_step(sid, status=StepStatus.FAILED, error=INDETERMINATE_ERROR, completed_at=now)
+        tx.update_step(s.execution_id, sid, status=StepStatus.FAILED, error=INDETERMINATE_ERROR, completed_at=now)
         tx.append(s.execution_id, now, [ev.step(EventType.STEP_FAILED, sid, s.kind, s.target, error=INDETERMINATE_ERROR)])
         return StepAnswer(Answer.REPLAY, sid, error=INDETERMINATE_ERROR)
     return StepAnswer(Answer.PROCEED, sid)  # executing & safe to retry (or unreachable states)
@@ -483,7 +483,7 @@ def record_outcome(
 def get_step(k: Kernel, execution_id: str, step_id: str, agent_id: str | None) -> Step:
     with k.store.read() as tx:
         load_owned(tx, execution_id, agent_id)
-        s = tx.get_step(step_id)
+        s = tx.get_step(execution_id, step_id)
     if s is None or s.execution_id != execution_id:
         raise NotFound("step not found")
     return s

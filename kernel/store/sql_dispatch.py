@@ -8,7 +8,7 @@ from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import and_, delete, func, insert, select, update
 
 from kernel.domain import Approval, Dispatch, DispatchStatus
 from kernel.store import codec
@@ -166,7 +166,10 @@ class DispatchQueries(TxPart):
     def _approvals_with_args() -> Any:
         """Approval rows with their step's recorded arguments (`step_args`)."""
         return select(t.approvals, t.steps.c.args.label("step_args")).select_from(
-            t.approvals.outerjoin(t.steps, t.steps.c.step_id == t.approvals.c.step_id)
+            t.approvals.outerjoin(
+                t.steps,
+                and_(t.steps.c.execution_id == t.approvals.c.execution_id, t.steps.c.step_id == t.approvals.c.step_id),
+            )
         )
 
     def get_approval(self, approval_id: str) -> Approval | None:

@@ -125,11 +125,11 @@ class StepQueries(TxPart):
             if counter is not None:
                 self.advance_counter(*counter)
             if changed is not None:
-                self.update_step(changed[1], **changed[2], outcome_seq=last - n + 1 + changed[0])
+                self.update_step(execution_id, changed[1], **changed[2], outcome_seq=last - n + 1 + changed[0])
         first = last - n + 1
         for i, (typ, payload) in enumerate(events):
             if typ in OUTCOME_EVENT_TYPES and "step_id" in payload and payload["step_id"] != marked:
-                SET_OUTCOME_SEQ.run(self.w, {"_id": payload["step_id"], "seq": first + i})
+                SET_OUTCOME_SEQ.run(self.w, {"_execution_id": execution_id, "_id": payload["step_id"], "seq": first + i})
         return int(last)
 
     def _insert_events(
@@ -186,8 +186,8 @@ class StepQueries(TxPart):
         return int(self.conn.execute(q).scalar() or 0)
 
     # -- steps ----------------------------------------------------------------------------
-    def get_step(self, step_id: str) -> Step | None:
-        r = GET_STEP.first(self.conn, {"id": step_id})
+    def get_step(self, execution_id: str, step_id: str) -> Step | None:
+        r = GET_STEP.first(self.conn, {"execution_id": execution_id, "id": step_id})
         return codec.to_step(r) if r else None
 
     def list_steps(self, execution_id: str, terminal_only: bool = False) -> list[Step]:
@@ -209,11 +209,13 @@ class StepQueries(TxPart):
     def insert_step(self, s: Step, args_text: str | None) -> None:
         INSERT_STEP.run(self.w, _step_values(s, args_text))
 
-    def lend_step(self, source_step_id: str, cutoff: int, step_id: str, execution_id: str) -> Step | None:
-        """A fork's lineage: the source's step `source_step_id`, when its outcome (succeeded,
+    def lend_step(
+        self, source_execution_id: str, source_step_id: str, cutoff: int, step_id: str, execution_id: str
+    ) -> Step | None:
+        """A fork's lineage: the source's (`source_execution_id`) step `source_step_id`, when its outcome (succeeded,
         failed, denied) was recorded at or before event seq `cutoff`, written into the fork as
         `step_id` (one primary-key lookup, one insert; docs/api.md, "Forks")."""
-        r = LENT_STEP.first(self.conn, {"id": source_step_id, "cutoff": cutoff})
+        r = LENT_STEP.first(self.conn, {"execution_id": source_execution_id, "id": source_step_id, "cutoff": cutoff})
         if r is None:
             return None
         row = {c.key: getattr(r, c.key) for c in t.steps.c}
@@ -221,11 +223,11 @@ class StepQueries(TxPart):
         INSERT_STEP.run(self.w, row)
         return codec.to_step(SimpleNamespace(**row))
 
-    def update_step(self, step_id: str, **values: Any) -> bool:
+    def update_step(self, execution_id: str, step_id: str, **values: Any) -> bool:
         """Update a step unless it is terminal: a terminal outcome is never overwritten."""
         values = _step_update_values(values)
         stmt = UPDATE_STEP.get(tuple(sorted(values)))
-        return stmt.run(self.w, {"_id": step_id, **values}) > 0
+        return stmt.run(self.w, {"_execution_id": execution_id, "_id": step_id, **values}) > 0
 
     def steps_in_status(self, execution_id: str, status: StepStatus) -> list[Step]:
         q = select(t.steps).where(t.steps.c.execution_id == execution_id, t.steps.c.status == status.value)

@@ -56,7 +56,11 @@ def not_terminal_step() -> Any:
 GET_AGENT = Prepared(select(t.agents).where(t.agents.c.id == param("id")))
 GET_EXECUTION = Prepared(select(t.executions).where(t.executions.c.id == param("id")))
 GET_DISPATCH = Prepared(select(t.dispatches).where(t.dispatches.c.id == param("id")))
-GET_STEP = Prepared(select(t.steps).where(t.steps.c.step_id == param("id")))
+# Steps are keyed (execution_id, step_id) (migration 017): every lookup by step id binds its
+# execution too, so it is one primary-key probe.
+GET_STEP = Prepared(
+    select(t.steps).where(t.steps.c.execution_id == param("execution_id"), t.steps.c.step_id == param("id"))
+)
 
 
 def _consumed() -> Any:
@@ -117,7 +121,8 @@ OUTCOME_CONTEXT = Prepared(
     select(*E_COLS, *D_COLS, *S_COLS)
     .select_from(
         t.executions.outerjoin(t.dispatches, t.dispatches.c.id == param("dispatch_id")).outerjoin(
-            t.steps, t.steps.c.step_id == param("step_id")
+            t.steps,
+            and_(t.steps.c.execution_id == t.executions.c.id, t.steps.c.step_id == param("step_id")),
         )
     )
     .where(t.executions.c.id == param("execution_id"))
@@ -217,7 +222,8 @@ COUNT_EVENTS = Prepared(
 # Keyed by the columns set: the use cases set a handful of fixed combinations.
 UPDATE_STEP = PreparedCache(
     lambda keys: update(t.steps)
-    .where(t.steps.c.step_id == param("_id"), not_terminal_step())
+    .where(t.steps.c.execution_id == param("_execution_id"), t.steps.c.step_id == param("_id"),
+           not_terminal_step())
     .values({k: param(k) for k in keys})
 )
 APPEND = PreparedCache(
@@ -295,7 +301,8 @@ def _append_with_events(
         index, columns = outcome
         changed = (
             update(t.steps)
-            .where(t.steps.c.step_id == bindparam("u__id", type_=String()), not_terminal_step())
+            .where(t.steps.c.execution_id == bindparam("_id", type_=String()),
+                   t.steps.c.step_id == bindparam("u__id", type_=String()), not_terminal_step())
             .values({**{c: bindparam(f"u_{c}", type_=t.steps.c[c].type) for c in columns},
                      "outcome_seq": seq_of(index)})
         )
@@ -307,11 +314,14 @@ APPEND_WITH_EVENTS = PreparedCache(_append_with_events)
 # An outcome event marks its step with its seq (Tx.append), which a fork's lineage reads.
 OUTCOME_EVENT_TYPES = frozenset({"step.succeeded", "step.failed", "step.denied"})
 SET_OUTCOME_SEQ = Prepared(
-    update(t.steps).where(t.steps.c.step_id == param("_id")).values(outcome_seq=param("seq"))
+    update(t.steps)
+    .where(t.steps.c.execution_id == param("_execution_id"), t.steps.c.step_id == param("_id"))
+    .values(outcome_seq=param("seq"))
 )
 # A fork's source step, when its outcome was recorded at or before the fork point.
 LENT_STEP = Prepared(
     select(t.steps).where(
+        t.steps.c.execution_id == param("execution_id"),
         t.steps.c.step_id == param("id"),
         t.steps.c.outcome_seq <= param("cutoff"),
         t.steps.c.status.in_([literal_column(f"'{v}'") for v in ("succeeded", "failed", "denied")]),

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    PrimaryKeyConstraint,
     String,
     Text,
     UniqueConstraint,
@@ -204,11 +205,19 @@ class StepRow(SQLModel, table=True):
         # Also the index of an execution's steps (its first column): a second index on execution_id
         # alone was dropped in migration 014 (PostgreSQL's generic plan of a submit's read took it).
         UniqueConstraint("execution_id", "kind", "target", "args_hash", "occurrence"),
+        PrimaryKeyConstraint("execution_id", "step_id"),
     )
 
+    # The primary key is (execution_id, step_id) (migration 017): a step id is a content hash, so
+    # a key on it alone put every insert on a random leaf of a large index (one index block read
+    # and a WAL full-page image per round trip on a year-old store); execution ids are UUIDv7, so
+    # inserts now land at the index's right edge. Every read or update by step id binds its
+    # execution (kernel/store/statements.py); no index on step_id alone.
     step_id: str = Field(sa_column=Column(String(64), primary_key=True))
     execution_id: str = Field(
-        sa_column=Column(String(36), ForeignKey("executions.id", ondelete="CASCADE"), nullable=False)
+        sa_column=Column(
+            String(36), ForeignKey("executions.id", ondelete="CASCADE"), primary_key=True, nullable=False
+        )
     )
     kind: str = Field(sa_column=Column(Text, nullable=False))
     target: str = Field(sa_column=Column(Text, nullable=False))

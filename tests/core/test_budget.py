@@ -120,7 +120,7 @@ def test_step_succeeded_carries_usage_and_the_step_stores_it(kernel: Kernel, run
     a = _llm_step(kernel, eid, did, att, {"body": ANTHROPIC_STREAM})
     with kernel.store.read() as tx:
         last = tx.list_events(eid, 0, 100)[-1]
-        s = tx.get_step(a.step_id)
+        s = tx.get_step(eid, a.step_id)
     assert last.type == "step.succeeded"
     assert last.payload["usage"] == {"input_tokens": 472, "output_tokens": 89}
     assert (s.usage_input, s.usage_output) == (472, 89)
@@ -172,7 +172,7 @@ def test_the_call_that_crosses_the_budget_runs_and_the_next_is_denied(kernel: Ke
     denied = answers[-1]
     assert (denied.reason, denied.rule_id) == ("execution_token_budget_exceeded", "llm-budget")
     with kernel.store.read() as tx:
-        s = tx.get_step(denied.step_id)
+        s = tx.get_step(eid, denied.step_id)
         last = tx.list_events(eid, 0, 100)[-1]
     assert s.status == StepStatus.DENIED
     assert s.error == {"reason": "execution_token_budget_exceeded", "rule_id": "llm-budget"}
@@ -194,7 +194,7 @@ def test_budget_with_require_approval_blocks_for_a_human(kernel: Kernel, running
     assert blocked.decision == "blocked" and blocked.approval_id and blocked.step_id
     with kernel.store.read() as tx:
         assert tx.get_execution(eid).status == ExecutionStatus.BLOCKED
-        assert tx.get_step(blocked.step_id).status == StepStatus.AWAITING_APPROVAL
+        assert tx.get_step(eid, blocked.step_id).status == StepStatus.AWAITING_APPROVAL
         awaiting = [e for e in tx.list_events(eid, 0, 100) if e.type == "step.awaiting_approval"]
     assert awaiting[-1].payload["rule_id"] == "llm-budget"
     assert awaiting[-1].payload["reason"] == "execution_token_budget_exceeded"
@@ -250,7 +250,7 @@ def test_a_complete_whose_stream_says_infinity_is_still_recorded(kernel: Kernel,
     body = 'data: {"usage": {"prompt_tokens": 1e400, "completion_tokens": 4}}\n\ndata: [DONE]\n'
     a = _llm_step(kernel, eid, did, att, {"body": body})
     with kernel.store.read() as tx:
-        s = tx.get_step(a.step_id)
+        s = tx.get_step(eid, a.step_id)
     assert s.status == StepStatus.SUCCEEDED and (s.usage_input, s.usage_output) == (0, 4)
 
 

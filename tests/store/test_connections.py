@@ -79,11 +79,11 @@ def test_submit_context_reads_the_step_at_the_calls_identity_and_occurrence(stor
         tx.insert_step(step("c" * 64, "shell.other", 1), None)
     with store.read() as tx:
         at0 = tx.submit_context(eid, did, "tool_call", "shell.run", HASH)[3]  # no counter yet: occurrence 0
-        assert at0 == tx.get_step("a" * 64)
+        assert at0 == tx.get_step(eid, "a" * 64)
     with store.transaction(lock=eid) as tx:
         tx.advance_counter(did, "tool_call", "shell.run", HASH, 1)
     with store.read() as tx:
-        assert tx.submit_context(eid, did, "tool_call", "shell.run", HASH)[2:] == (1, tx.get_step("b" * 64))
+        assert tx.submit_context(eid, did, "tool_call", "shell.run", HASH)[2:] == (1, tx.get_step(eid, "b" * 64))
         assert tx.submit_context(eid, did, "tool_call", "shell.other", HASH)[2:] == (0, None)  # its own counter
         assert tx.submit_context(eid, did, "llm_call", "shell.run", HASH)[3] is None  # another kind
     with store.transaction(lock=eid) as tx:
@@ -125,7 +125,7 @@ def test_outcome_context_answers_what_the_three_reads_answer(store: SqlStore) ->
                        '{"cmd":"ls"}')
     with store.read() as tx:
         e, s, d = tx.outcome_context(eid, sid, did)
-        assert (e, s, d) == (tx.get_execution(eid), tx.get_step(sid), tx.get_dispatch(did))
+        assert (e, s, d) == (tx.get_execution(eid), tx.get_step(eid, sid), tx.get_dispatch(did))
         assert s is not None and s.args == {"cmd": "ls"} and s.status == StepStatus.EXECUTING
         assert tx.outcome_context(eid, "b" * 64, did) == (e, None, d)
         assert tx.outcome_context(eid, sid, new_uuid7()) == (e, s, None)

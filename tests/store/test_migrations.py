@@ -6,6 +6,7 @@ since these tests change the schema itself.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -423,3 +424,63 @@ def test_version_15_database_migrates_and_gets_the_mcp_tool_pins_table(empty_sto
     with store.read() as tx:
         [pin] = tx.tool_pins("files")
     assert pin.state == "approved" and pin.approved is not None and pin.approved.by == "alice"
+
+
+# The steps table as 016 left it: keyed by step_id alone (SQLite cannot alter a primary key).
+_STEPS_016_SQLITE = """CREATE TABLE steps_016 (
+    step_id VARCHAR(64) NOT NULL, execution_id VARCHAR(36) NOT NULL, kind TEXT NOT NULL, target TEXT NOT NULL,
+    args_hash VARCHAR(64) NOT NULL, occurrence INTEGER NOT NULL, status VARCHAR(20) NOT NULL,
+    idempotency TEXT NOT NULL, args TEXT, result TEXT, error TEXT, usage_input BIGINT NOT NULL,
+    usage_output BIGINT NOT NULL, started_at DATETIME, completed_at DATETIME, outcome_seq BIGINT,
+    PRIMARY KEY (step_id), UNIQUE (execution_id, kind, target, args_hash, occurrence),
+    FOREIGN KEY(execution_id) REFERENCES executions (id) ON DELETE CASCADE
+)"""
+
+
+def test_version_16_database_migrates_and_steps_are_keyed_by_execution_then_step(empty_store: SqlStore) -> None:
+    """017 rekeys steps (execution_id, step_id): every row is kept, the unique key of a step's
+    identity and the foreign key to executions stay, and no index on step_id alone is left."""
+    from sqlalchemy import inspect
+
+    from kernel.domain import Step, StepStatus
+    from kernel.errors import StoreConflict
+
+    store = empty_store
+    migrate(store)
+    eids = [new_uuid7(), new_uuid7()]
+    with store.transaction() as tx:
+        tx.upsert_agent(Agent(id="a", webhook_url="http://127.0.0.1:9/h", secret="s", registered_at=T0))
+        for eid in eids:
+            tx.insert_execution(Execution(id=eid, agent_id="a", input=None, status=ExecutionStatus.RUNNING,
+                                          created_at=T0, updated_at=T0))
+    with store.engine.begin() as c:
+        if store.dialect == "postgresql":
+            c.execute(text("ALTER TABLE steps DROP CONSTRAINT steps_pkey, ADD PRIMARY KEY (step_id)"))
+        else:
+            c.execute(text(_STEPS_016_SQLITE))
+            c.execute(text("DROP TABLE steps"))
+            c.execute(text("ALTER TABLE steps_016 RENAME TO steps"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 16))
+        assert inspect(c).get_pk_constraint("steps")["constrained_columns"] == ["step_id"]
+    rows = [Step(step_id=f"{i}{eid[-4:]}".ljust(64, "0"), execution_id=eid, kind="tool_call", target=f"t{i}",
+                 args_hash="h", occurrence=0, status=StepStatus.SUCCEEDED, idempotency="safe_to_retry",
+                 started_at=T0, completed_at=T0)
+            for eid in eids for i in range(3)]
+    with store.transaction() as tx:
+        for s in rows:
+            tx.insert_step(s, '{"x": 1}')
+    assert [m.version for m in migrate(store)] == list(range(17, LATEST + 1))
+    with store.engine.connect() as c:
+        i = inspect(c)
+        assert i.get_pk_constraint("steps")["constrained_columns"] == ["execution_id", "step_id"]
+        assert [u["column_names"] for u in i.get_unique_constraints("steps")] == [
+            ["execution_id", "kind", "target", "args_hash", "occurrence"]]
+        assert [(f["referred_table"], f["constrained_columns"]) for f in i.get_foreign_keys("steps")] == [
+            ("executions", ["execution_id"])]
+        assert all(x["column_names"][:1] != ["step_id"] for x in i.get_indexes("steps"))
+    with store.read() as tx:
+        for s in rows:
+            got = tx.get_step(s.execution_id, s.step_id)
+            assert got is not None and (got.target, got.status, got.started_at) == (s.target, s.status, T0)
+    with pytest.raises(StoreConflict), store.transaction() as tx:  # the unique key still holds
+        tx.insert_step(dataclasses.replace(rows[0], step_id="z" * 64), None)

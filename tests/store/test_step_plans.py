@@ -19,7 +19,16 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 from kernel.store import SqlStore
 from kernel.store import tables as t
-from kernel.store.statements import SUBMIT_CONTEXT
+from kernel.store.prepared import Prepared
+from kernel.store.statements import (
+    APPEND_WITH_EVENTS,
+    GET_STEP,
+    LENT_STEP,
+    OUTCOME_CONTEXT,
+    SET_OUTCOME_SEQ,
+    SUBMIT_CONTEXT,
+    UPDATE_STEP,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 EID = "00000000-0000-4000-8000-000000000001"
@@ -46,18 +55,19 @@ PARAMS = {"dispatch_id": DID, "kind": "tool_call", "target": "bench.echo", "args
           "execution_id": EID}
 
 
-def _steps_access(store: SqlStore) -> str:
-    """How the submit's read reaches the steps table: SQLite's plan line, PostgreSQL's plan node."""
+def _steps_access(store: SqlStore, stmt: Prepared = SUBMIT_CONTEXT, params: dict[str, Any] = PARAMS) -> str:
+    """How a statement (the submit's read unless told) reaches the steps table: SQLite's plan
+    lines, PostgreSQL's plan nodes."""
     with store.engine.connect() as c:
         raw: Any = c.connection.driver_connection
         if store.dialect == "sqlite":
-            plan = SUBMIT_CONTEXT._plan(c)
+            plan = stmt._plan(c)
             cur = raw.cursor()
-            cur.execute("EXPLAIN QUERY PLAN " + plan.sql, plan.params(PARAMS))
+            cur.execute("EXPLAIN QUERY PLAN " + plan.sql, plan.params(params))
             return "\n".join(str(row[-1]) for row in cur.fetchall() if " steps " in f" {row[-1]} ")
-        compiled: Any = SUBMIT_CONTEXT.stmt.compile(dialect=PGDialect_psycopg(paramstyle="numeric_dollar"))
+        compiled: Any = stmt.stmt.compile(dialect=PGDialect_psycopg(paramstyle="numeric_dollar"))
         names = list(compiled.positiontup)
-        values = {**compiled.params, **PARAMS}
+        values = {**compiled.params, **params}
         cur = ClientCursor(raw)
         cur.execute("PREPARE submit_context AS " + compiled.string)
         cur.execute("SET plan_cache_mode = force_generic_plan")
@@ -68,13 +78,14 @@ def _steps_access(store: SqlStore) -> str:
         found = []
 
         def walk(node: dict[str, Any]) -> None:
-            if node.get("Relation Name") == "steps":
+            if node.get("Relation Name") == "steps" and node["Node Type"] != "ModifyTable":
                 found.append(f"{node['Node Type']} {node.get('Index Name')}: {node.get('Index Cond')}")
             for sub in node.get("Plans", ()):
                 walk(sub)
 
         walk(row[0][0]["Plan"])
-        raw.rollback()  # the PREPARE and the SET go with the transaction
+        cur.execute("DEALLOCATE submit_context")  # the next statement's PREPARE takes the name
+        raw.rollback()  # the SET goes with the transaction
         return "\n".join(found)
 
 
@@ -86,3 +97,52 @@ def test_a_submits_read_finds_its_step_by_the_unique_key_not_among_the_execution
     for column in ("execution_id", "kind", "target", "args_hash", "occurrence"):
         assert column in access, access
     assert "ix_steps_execution" not in access, access
+
+
+SID = f"{7:064x}"
+
+
+def test_a_steps_lookup_by_id_and_its_outcome_update_probe_the_primary_key_execution_then_step(
+        store: SqlStore) -> None:
+    """Migration 017 (issue 33): steps are keyed (execution_id, step_id) and every statement that
+    reads or updates a step by id binds its execution, so it is one probe of that key, in the
+    generic plan too: the submit's read of a step by id (a collision's check), the outcome's read,
+    its step update (PostgreSQL: in the events' one statement; SQLite: UPDATE_STEP), an outcome
+    seq's mark and a fork's lent step. No index leads with step_id alone: a statement that bound
+    only the step id would scan the table. Before 017 the key was step_id alone, a content hash:
+    each insert hit a random leaf (~1 steps_pkey block read per round trip on a store of 10^6
+    executions, against 0.01 on an empty one)."""
+    _seed(store)
+    if store.dialect == "postgresql":
+        # With no statistics and this table's 200 rows, PostgreSQL estimates one row for
+        # `execution_id = $1` on the unique key as on the primary key: a tie, which goes to the
+        # index created last (here the unique key, filtering step_id; after 017's ALTER on an old
+        # store, the primary key, and then the submit's read above filters the other way).
+        # Measured: with 5 000 rows and no statistics, or once analyzed (autovacuum analyzes a
+        # table after 50 rows + 10%), every case takes steps_pkey. A known hazard (the branch's
+        # report): a store's first minute, before autovacuum's first ANALYZE of steps.
+        with store.engine.begin() as c:
+            c.exec_driver_sql("ANALYZE steps")
+    outcome = (("updated_at",), 1, None, None, False, (0, ("completed_at", "status")))
+    cases: list[tuple[str, Prepared, dict[str, Any]]] = [
+        ("get_step", GET_STEP, {"execution_id": EID, "id": SID}),
+        ("outcome_context", OUTCOME_CONTEXT, {"execution_id": EID, "dispatch_id": DID, "step_id": SID}),
+        ("update_step", UPDATE_STEP.get(("completed_at", "status")),
+         {"_execution_id": EID, "_id": SID, "completed_at": T0, "status": "succeeded"}),
+        ("set_outcome_seq", SET_OUTCOME_SEQ, {"_execution_id": EID, "_id": SID, "seq": 2}),
+        ("lent_step", LENT_STEP, {"execution_id": EID, "id": SID, "cutoff": 5}),
+    ]
+    if store.dialect == "postgresql":
+        cases.append(("append(outcome=)", APPEND_WITH_EVENTS.get(outcome),
+                      {"_id": EID, "_n": 1, "updated_at": T0, "type_0": "step.succeeded", "payload_0": "{}",
+                       "u__id": SID, "u_completed_at": T0, "u_status": "succeeded"}))
+    for name, stmt, params in cases:
+        access = _steps_access(store, stmt, params)
+        assert access, (name, "the plan does not read the steps table")
+        for line in access.splitlines():
+            if store.dialect == "sqlite":
+                assert line.startswith("SEARCH steps USING") and "(execution_id=? AND step_id=?)" in line, (
+                    name, access)
+            else:
+                assert line.startswith("Index Scan steps_pkey") and "execution_id" in line and "step_id" in line, (
+                    name, access)

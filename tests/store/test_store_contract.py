@@ -175,7 +175,7 @@ def test_update_step_never_overwrites_a_terminal_row(store: SqlStore, terminal: 
     done = T0 + timedelta(seconds=1)
     with store.transaction(lock=eid) as tx:
         tx.insert_step(_step(eid, sid), '{"x":1}')
-        assert tx.update_step(sid, status=terminal, result={"r": 1}, error={"reason": "e"}, completed_at=done,
+        assert tx.update_step(eid, sid, status=terminal, result={"r": 1}, error={"reason": "e"}, completed_at=done,
                               usage_input=3, usage_output=4)
     for attempt in [
         {"status": StepStatus.EXECUTING},
@@ -187,9 +187,9 @@ def test_update_step_never_overwrites_a_terminal_row(store: SqlStore, terminal: 
         {"usage_input": 100, "usage_output": 100},
     ]:
         with store.transaction(lock=eid) as tx:
-            assert tx.update_step(sid, **attempt) is False, attempt
+            assert tx.update_step(eid, sid, **attempt) is False, attempt
     with store.read() as tx:
-        s = tx.get_step(sid)
+        s = tx.get_step(eid, sid)
     assert s is not None
     assert (s.status, s.result, s.error, s.completed_at, s.usage_input, s.usage_output) == (
         terminal, {"r": 1}, {"reason": "e"}, done, 3, 4)
@@ -201,11 +201,11 @@ def test_update_step_moves_non_terminal_rows(store: SqlStore) -> None:
     sid = "b" * 64
     with store.transaction(lock=eid) as tx:
         tx.insert_step(_step(eid, sid, StepStatus.AWAITING_APPROVAL), None)
-        assert tx.update_step(sid, status=StepStatus.ALLOWED)
-        assert tx.update_step(sid, status=StepStatus.EXECUTING, started_at=T0)
-        assert tx.update_step("c" * 64, status=StepStatus.EXECUTING) is False  # unknown step
+        assert tx.update_step(eid, sid, status=StepStatus.ALLOWED)
+        assert tx.update_step(eid, sid, status=StepStatus.EXECUTING, started_at=T0)
+        assert tx.update_step(eid, "c" * 64, status=StepStatus.EXECUTING) is False  # unknown step
     with store.read() as tx:
-        s = tx.get_step(sid)
+        s = tx.get_step(eid, sid)
     assert s is not None and s.status == StepStatus.EXECUTING
 
 
@@ -434,7 +434,7 @@ def test_append_writes_a_new_step_and_its_counter_with_the_events(store: SqlStor
         # A counter never moves back, here as through advance_counter.
         tx.append(eid, T0, [("execution.noted", {})], counter=(did, "tool_call", "t", HASH, 1))
     with store.read() as tx:
-        a, b = tx.get_step("a" * 64), tx.get_step("b" * 64)
+        a, b = tx.get_step(eid, "a" * 64), tx.get_step(eid, "b" * 64)
         assert a is not None and a.status == StepStatus.EXECUTING and a.started_at == T0
         assert b is not None and b.status == StepStatus.DENIED and b.error == {"reason": "no", "rule_id": "r"}
         assert b.completed_at == T0 and b.idempotency == "at_most_once"
@@ -450,7 +450,7 @@ def test_append_writes_a_new_step_and_its_counter_with_the_events(store: SqlStor
         tx.append(ghost, T0, [("step.proposed", {"step_id": "c" * 64})],
                   step=(_step(ghost, "c" * 64), None), counter=(did, "tool_call", "u", HASH, 1))
     with store.read() as tx:
-        assert tx.get_step("c" * 64) is None and tx.get_counter(did, "tool_call", "u", HASH) == 0
+        assert tx.get_step(ghost, "c" * 64) is None and tx.get_counter(did, "tool_call", "u", HASH) == 0
 
 
 def test_append_records_a_steps_outcome_with_its_event(store: SqlStore) -> None:
@@ -476,7 +476,7 @@ def test_append_records_a_steps_outcome_with_its_event(store: SqlStore) -> None:
         tx.append(eid, done, [("step.failed", {"step_id": "a" * 64})],
                   outcome=("a" * 64, {"status": StepStatus.FAILED, "error": "late", "completed_at": done}))
     with store.read() as tx:
-        a, b = tx.get_step("a" * 64), tx.get_step("b" * 64)
+        a, b = tx.get_step(eid, "a" * 64), tx.get_step(eid, "b" * 64)
         assert a is not None and a.status == StepStatus.SUCCEEDED and a.result == {"ok": "é"}
         assert a.completed_at == done and (a.usage_input, a.usage_output) == (3, 4)
         assert b is not None and b.status == StepStatus.FAILED and b.error == {"m": 1}
