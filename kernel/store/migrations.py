@@ -304,6 +304,10 @@ def _steps_keyed_by_execution(conn: Connection) -> None:
         conn.execute(text(
             f'ALTER TABLE steps DROP CONSTRAINT "{pk["name"]}", ADD PRIMARY KEY (execution_id, step_id)'
         ))
+        # Both keys lead with execution_id: without statistics the planner can price the new key's
+        # prefix as low as the unique key's full match and walk an execution's steps for a submit
+        # (docs/architecture.md). Statistics now, not at autovacuum's first pass.
+        conn.execute(text("ANALYZE steps"))
         return
     # SQLite cannot alter a primary key: rebuild the table (create, copy, drop, rename). No table
     # references steps, and steps has no index besides its keys (014 dropped the last one).
