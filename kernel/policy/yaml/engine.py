@@ -119,6 +119,30 @@ class YamlBundle:
             return self._local
         return self._default
 
+    def denied_always(self, agent_id: str, kind: str, target: str) -> bool:
+        """Whether every possible `args` of a step (agent_id, kind, target) is denied: sound, so
+        True only when provably so (docs/mcp.md, "Hiding denied tools").
+
+        The rules in file order, as ``evaluate``'s first match: one whose head (kind, agent,
+        target) cannot match is skipped; one with no `arguments` decides (deny: True, else
+        False); one with `arguments` and a deny lets the args it does not match fall through;
+        one with `arguments` and anything else lets some args reach it: False. No deciding rule:
+        the default (a `local` step's is allow). The other denies ``evaluate`` gives (a number
+        out of range in args, execution or usage) only add denies, so they cannot make a True
+        wrong. Nothing else in ``evaluate`` reads the input."""
+        inp = PolicyInput(agent_id=agent_id, kind=kind, target=target, args=None)
+        for rule in self.rules:
+            if not rule.head(inp):
+                continue
+            deny = rule.decision.verdict is Verdict.DENY
+            if not rule.predicates:
+                return deny
+            if not deny:
+                return False
+        if kind == "local":
+            return False
+        return self._default.verdict is Verdict.DENY
+
     def explain(self, inp: PolicyInput) -> list[RuleTrace]:
         """Every rule in file order: whether it matched, and the first condition that failed."""
         args_ok = args_decodable(inp.args)
