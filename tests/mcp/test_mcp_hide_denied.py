@@ -95,7 +95,7 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         config = tmp / "regent.yaml"
         config.write_text("agents:\n" + "".join(_agent(name, gw_port, effects, hide) for name, hide in
                                                 (("hider", True), ("shower", False), ("changer", True))))
-        kernel = KernelProc("dev", free_port(), db_url, config, tmp / "kernel.out",
+        kernel = KernelProc("dev", free_port(), db_url, config, tmp / "kernel.out", 60.0,
                             **{**DEV_KERNEL_ENV, "REGENT_DISPATCH_MAX_ATTEMPTS": "200"})
         stack.callback(kernel.stop_gracefully)
         gateway = GatewayProc(config, kernel.url, gw_port, tmp / "gateway.out", tmp / "pins.json")

@@ -149,3 +149,50 @@ def test_the_shipped_bundles() -> None:
     filesystem = shipped("filesystem")  # default allow
     assert not filesystem.denied_always("fs", "tool_call", "fs/delete_file")
     assert not filesystem.denied_always("fs", "tool_call", "fs/read_file")
+
+
+class _Rego:
+    """A stand-in for a compiled Rego bundle: no `denied_always` (regopy cannot prove one)."""
+
+    revision = "r1"
+
+    def evaluate(self, inp: PolicyInput) -> Any:
+        raise AssertionError("not asked")
+
+
+def test_the_resolver_answers_from_the_active_bundle_and_never_for_rego_or_a_broken_bundle(store: Any) -> None:
+    from datetime import UTC, datetime
+
+    from kernel.domain import Agent
+    from kernel.policy.resolver import BundleResolver
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    tools = ["fs_delete_file", "fs_write_file", "fs_read_file"]
+    with store.transaction() as tx:
+        for agent in ("y", "r", "broken", "none"):
+            tx.upsert_agent(Agent(id=agent, webhook_url="http://127.0.0.1:9/", secret="s", registered_at=now))
+        tx.add_policy_revision("y", "yaml", "r1", """
+default_action: allow
+rules:
+  - id: no-deletes
+    when: {target: fs_delete_file}
+    then: {decision: deny}
+  - id: no-etc-writes
+    when: {target: fs_write_file, arguments: {path: {regex: "^/etc"}}}
+    then: {decision: deny}
+""", now)
+        tx.add_policy_revision("r", "rego", "r1", "{}", now)
+        tx.add_policy_revision("broken", "yaml", "r1", "rules: [", now)
+
+    def refuse(content: str, revision: str) -> Any:
+        raise ValueError("does not compile")
+
+    from kernel.policy.resolver import compile_yaml
+
+    resolver = BundleResolver(store, compilers={"yaml": compile_yaml, "rego": lambda c, r: _Rego()})
+    assert resolver.denied_always("y", "tool_call", tools) == {"fs_delete_file"}
+    assert resolver.denied_always("r", "tool_call", tools) == frozenset()  # Rego never hides
+    assert resolver.denied_always("broken", "tool_call", tools) == frozenset()
+    assert resolver.denied_always("none", "tool_call", tools) == frozenset()  # no bundle: permissive
+    assert resolver.denied_always("ghost", "tool_call", tools) == frozenset()
+    assert BundleResolver(store, compilers={"yaml": refuse}).denied_always("y", "tool_call", tools) == frozenset()
