@@ -29,6 +29,7 @@ class YamlBundle:
         "_by_prefix",
         "_by_target",
         "_default",
+        "_denied",
         "_local",
         "_unindexed",
         "default_action",
@@ -83,6 +84,7 @@ class YamlBundle:
             for length, table in sorted(by_prefix.items())
         )
         self._unindexed = tuple(unindexed)
+        self._denied: dict[tuple[str, str, str], bool] = {}  # denied_always's answers
 
     @property
     def rule_ids(self) -> tuple[str, ...]:
@@ -130,6 +132,19 @@ class YamlBundle:
         the default (a `local` step's is allow). The other denies ``evaluate`` gives (a number
         out of range in args, execution or usage) only add denies, so they cannot make a True
         wrong. Nothing else in ``evaluate`` reads the input."""
+        key = (agent_id, kind, target)
+        hit = self._denied.get(key)
+        if hit is None:
+            # Remembered: a gateway asks about every tool on each report (every few seconds), and
+            # the walk is 46 us CPU per tool for 1000 rules (1000 tools: 46 ms) against 0.1 us
+            # for a hit. Bounded: an agent's tools, a few agents per bundle revision.
+            hit = self._walk(agent_id, kind, target)
+            if len(self._denied) >= 8192:
+                self._denied.clear()
+            self._denied[key] = hit
+        return hit
+
+    def _walk(self, agent_id: str, kind: str, target: str) -> bool:
         inp = PolicyInput(agent_id=agent_id, kind=kind, target=target, args=None)
         for rule in self.rules:
             if not rule.head(inp):
