@@ -13,7 +13,7 @@ from typing import Any
 
 _KEYS = ("upstreams", "client_token", "at_most_once", "pins", "trust_new_tools", "approval_wait_seconds",
          "lease_wait_seconds", "call_timeout_seconds", "max_args_bytes", "max_result_bytes",
-         "resume_seconds", "record_before_answer", "pins_refresh_seconds")
+         "resume_seconds", "record_before_answer", "pins_refresh_seconds", "hide_denied_tools")
 _UPSTREAM_KEYS = ("prefix", "command", "args", "env", "cwd", "url", "headers", "timeout_seconds")
 # The SDK's `{prefix}_{name}`: a prefix is a plain identifier so the joined name stays one.
 _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
@@ -55,6 +55,9 @@ class McpAgent:
     resume_seconds: float = 300.0  # a keyed session's execution stays open this long after it ends
     record_before_answer: bool = False  # record a result before answering it (else while answering)
     pins_refresh_seconds: float = 5.0  # how often the gateway re-reads the kernel's approvals
+    # tools/list leaves out the tools the agent's bundle denies whatever the arguments (presentation
+    # only: a call to one is still a step the kernel denies and records)
+    hide_denied_tools: bool = False
 
 
 def _seconds(value: Any, key: str) -> float:
@@ -135,6 +138,9 @@ def parse_mcp(raw: Any) -> McpAgent:
     strict = raw.get("record_before_answer", False)
     if not isinstance(strict, bool):
         raise McpConfigError("`mcp.record_before_answer` must be true or false")
+    hide = raw.get("hide_denied_tools", False)
+    if not isinstance(hide, bool):
+        raise McpConfigError("`mcp.hide_denied_tools` must be true or false")
     sizes = {}
     for key in ("max_args_bytes", "max_result_bytes"):
         if key in raw:
@@ -147,4 +153,5 @@ def parse_mcp(raw: Any) -> McpAgent:
                                                 "pins_refresh_seconds") if k in raw}
     return McpAgent(upstreams=upstreams, client_token=token,
                     at_most_once=_strings(raw.get("at_most_once", []), "mcp.at_most_once"),
-                    pins=dict(pins), trust_new_tools=trust, record_before_answer=strict, **sizes, **waits)  # type: ignore[arg-type]
+                    pins=dict(pins), trust_new_tools=trust, record_before_answer=strict,
+                    hide_denied_tools=hide, **sizes, **waits)  # type: ignore[arg-type]

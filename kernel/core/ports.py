@@ -35,6 +35,9 @@ class PermissiveResolver:
     def decide(self, inp: PolicyInput, tx: BundleReads | None = None, bundle_id: int | None = None) -> Decision:
         return Decision.permissive()
 
+    def denied_always(self, agent_id: str, kind: str, targets: list[str]) -> frozenset[str]:
+        return frozenset()
+
     def check(self, kind: str, content: str) -> str:
         from kernel.errors import invalid
 

@@ -127,11 +127,19 @@ class AgentGateway:
 
     async def _sync_pins(self) -> None:
         self._pins_read_at = time.monotonic()
+        hidden = self._hidden()
         changed = await self.pins.sync(self.agent_id, self.link.report_tools,
                                        report(self.cfg, self.catalog, self.pins.manifest_pins.get(self.agent_id, {})))
         if changed:
             self.catalog = build(self.agent_id, self.upstreams, self.pins)
             self._notify()
+        elif self._hidden() != hidden:  # the agent's bundle changed what it denies outright
+            self._notify()
+
+    def _hidden(self) -> frozenset[str]:
+        """The tools tools/list leaves out with `mcp.hide_denied_tools`: those the agent's bundle
+        denies whatever the arguments, as the kernel last answered (docs/mcp.md)."""
+        return self.pins.denied_always(self.agent_id) if self.cfg.hide_denied_tools else frozenset()
 
     async def keep_pins(self) -> None:
         """Re-read the approvals every `pins_refresh_seconds` (docs/mcp.md)."""
@@ -223,7 +231,8 @@ class AgentGateway:
             if any(e.state != APPROVED for e in catalog.values()):
                 await gw.sync_pins_soon()  # a hidden tool may have been approved since the last refresh
                 catalog = gw.catalog
-            return [e.offered() for e in catalog.values() if e.state == APPROVED]
+            hidden = gw._hidden()  # presentation only: a call to one still goes to the kernel, which denies it
+            return [e.offered() for e in catalog.values() if e.state == APPROVED and e.name not in hidden]
 
         async def call_tool(req: types.CallToolRequest) -> types.ServerResult:
             return types.ServerResult(await gw.call(req))

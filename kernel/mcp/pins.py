@@ -48,6 +48,9 @@ class KernelPins:
         self.manifest_pins = {a: dict(p) for a, p in manifest_pins.items()}
         self._lock = threading.Lock()
         self._answered: dict[str, dict[str, str]] = {}  # from the kernel, this process
+        # The tools the agent's bundle denies whatever the arguments, as the kernel last answered
+        # (`denied_always`); not kept in the fallback file: until the kernel answers, none is hidden.
+        self._denied: dict[str, frozenset[str]] = {}
         self._fallback: dict[str, dict[str, str]] = {}
         if path is not None and path.exists():
             try:
@@ -67,6 +70,9 @@ class KernelPins:
     def pinned(self, agent: str, tool: str) -> str | None:
         return self._current(agent).get(tool)
 
+    def denied_always(self, agent: str) -> frozenset[str]:
+        return self._denied.get(agent, frozenset())
+
     def answered(self, agent: str) -> bool:
         return agent in self._answered
 
@@ -76,7 +82,9 @@ class KernelPins:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise ValueError("not a list of tools")
         pins = {str(t["tool"]): str(t["approved_sha256"]) for t in tools if t.get("approved_sha256")}
+        denied = frozenset(str(t["tool"]) for t in tools if t.get("denied_always") is True)
         with self._lock:
+            self._denied[agent] = denied
             changed = pins != self._current(agent) or agent not in self._answered
             self._answered[agent] = pins
             if changed and self.path is not None:

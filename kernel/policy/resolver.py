@@ -159,6 +159,26 @@ class BundleResolver:
         return self._evaluate(inp, row, self._compiled(row, tx), row.content_hash or "",
                               "agent %s, revision %s", (inp.agent_id, row.revision))
 
+    def denied_always(self, agent_id: str, kind: str, targets: list[str]) -> frozenset[str]:
+        """The `targets` the agent's active bundle denies whatever the arguments (docs/mcp.md,
+        "Hiding denied tools"). Sound, never raises: a YAML bundle answers through its rule walk;
+        a Rego bundle never (regopy has no partial evaluation to prove it), nor does no bundle,
+        one that does not compile, or a lookup that fails: hiding is presentation, the step's
+        own decision is the enforcement."""
+        try:
+            with self.store.read() as own:
+                row = own.active_policy_ref(agent_id)
+            if row is None:
+                return frozenset()
+            bundle = self._compiled(row, None)
+            ask = getattr(bundle, "denied_always", None)
+            if isinstance(bundle, Exception) or ask is None:
+                return frozenset()
+            return frozenset(t for t in targets if ask(agent_id, kind, t))
+        except Exception:
+            log.exception("denied_always: policy lookup failed for agent %s", agent_id)
+            return frozenset()
+
     def _decide_fork(self, inp: PolicyInput, tx: BundleReads | None, bundle_id: int) -> Decision:
         try:
             if tx is not None:

@@ -69,12 +69,19 @@ def test_a_full_section_parses_with_its_environment_expanded() -> None:
     ("      upstreams: [{prefix: fs, command: x}]\n      approval_wait_seconds: -1\n", "number of seconds"),
     ("      upstreams: [{prefix: fs, command: x}]\n      max_args_bytes: 10\n", "whole number of bytes"),
     ("      upstreams: [{prefix: fs, command: x}]\n      wat: 1\n", "unknown key 'wat'"),
+    ("      upstreams: [{prefix: fs, command: x}]\n      hide_denied_tools: 'yes'\n",
+     "`mcp.hide_denied_tools` must be true or false"),
 ])
 def test_a_bad_section_fails_naming_the_file_the_line_and_the_key(section: str, message: str) -> None:
     with pytest.raises(ConfigError) as exc:
         parse(section)
     assert "/etc/regent.yaml:6: agent 'files':" in exc.value.message
     assert message in exc.value.message
+
+
+def test_hide_denied_tools_is_off_unless_set() -> None:
+    assert parse("      upstreams: [{prefix: fs, command: x}]\n").hide_denied_tools is False
+    assert parse("      upstreams: [{prefix: fs, command: x}]\n      hide_denied_tools: true\n").hide_denied_tools is True
 
 
 def test_an_agent_without_an_mcp_section_is_unchanged() -> None:

@@ -42,11 +42,13 @@ TOOL_PIN = schema._object(
     sha256=schema.TEXT, offered_at=schema.TIME, approved_sha256=schema.TEXT, approved_by=schema.TEXT,
     approved_credential=schema.TEXT, approved_via=schema.TEXT, approved_at=schema.TIME,
     definition={"type": "object"}, approved_definition={"type": "object"},
+    # The agent's active bundle denies every call to it whatever the arguments (docs/mcp.md).
+    denied_always={"type": "boolean"},
 )
 TOOL_PINS = schema._object(("agent_id", "tools"), agent_id=schema.TEXT, tools=schema.array(TOOL_PIN))
 
 
-def pin_json(p: ToolPin, definitions: bool = False) -> dict[str, Any]:
+def pin_json(p: ToolPin, definitions: bool = False, denied: frozenset[str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"tool": p.tool, "state": p.state.value, "upstream": p.upstream, "sha256": p.offered_sha256}
     if p.offered_at is not None:
         out["offered_at"] = rfc3339(p.offered_at)
@@ -55,14 +57,23 @@ def pin_json(p: ToolPin, definitions: bool = False) -> dict[str, Any]:
         out.update(approved_sha256=a.sha256, approved_by=a.by or a.credential, approved_credential=a.credential,
                    approved_via=a.via, approved_at=rfc3339(a.at))
     out = {k: v for k, v in out.items() if v is not None}
+    if denied is not None:
+        out["denied_always"] = p.tool in denied
     if definitions:  # null when there is none (a manifest pin has its hash only)
         out["definition"] = p.offered_definition
         out["approved_definition"] = p.approved.definition if p.approved else None
     return out
 
 
-def _answer(agent_id: str, pins: list[ToolPin], definitions: bool = False) -> Response:
-    return JSONResponse({"agent_id": agent_id, "tools": [pin_json(p, definitions) for p in pins]})
+def _with_denied(read: Any, k: Any, agent_id: str, *args: Any) -> tuple[list[ToolPin], frozenset[str]]:
+    """`read`'s pins and which of them the agent's bundle denies whatever the arguments, in one
+    trip to the worker thread (a gateway reports every few seconds)."""
+    pins: list[ToolPin] = read(k, agent_id, *args)
+    return pins, tool_pins.denied_always(k, agent_id, [p.tool for p in pins])
+
+
+def _answer(agent_id: str, pins: list[ToolPin], denied: frozenset[str], definitions: bool = False) -> Response:
+    return JSONResponse({"agent_id": agent_id, "tools": [pin_json(p, definitions, denied) for p in pins]})
 
 
 @router.post("/v0/mcp/{agent_id}/tools", openapi_extra=schema.operation(ReportBody, answer=TOOL_PINS))
@@ -73,16 +84,16 @@ async def report_tools(agent_id: str, request: Request) -> Response:
         raise Forbidden("forbidden: a gateway reports only the tools of the agent it signs as")
     parse_model(ReportBody, a.body)  # the shape, with the model's messages
     offered, manifest_pins, trust = tool_pins.parse_report(loads_json(a.body))
-    pins = await call(tool_pins.report_offered, kernel_of(request), agent_id, offered, manifest_pins, trust)
-    return _answer(agent_id, pins)
+    return _answer(agent_id, *await call(_with_denied, tool_pins.report_offered, kernel_of(request), agent_id,
+                                         offered, manifest_pins, trust))
 
 
 @router.get("/v0/mcp/{agent_id}/tools", openapi_extra=schema.operation(
     answer=TOOL_PINS, query={"definitions": {"type": "boolean"}}))
 async def list_tools(agent_id: str, request: Request) -> Response:
     await call(auth_of(request).principal, request, PIN_SCOPE)
-    pins = await call(tool_pins.list_pins, kernel_of(request), agent_param(agent_id))
-    return _answer(agent_id, pins, request.query_params.get("definitions") in ("1", "true"))
+    pins, denied = await call(_with_denied, tool_pins.list_pins, kernel_of(request), agent_param(agent_id))
+    return _answer(agent_id, pins, denied, request.query_params.get("definitions") in ("1", "true"))
 
 
 @router.post("/v0/mcp/{agent_id}/tools/approve", openapi_extra=schema.operation(ApproveBody, answer=TOOL_PIN))

@@ -29,6 +29,7 @@ class YamlBundle:
         "_by_prefix",
         "_by_target",
         "_default",
+        "_denied",
         "_local",
         "_unindexed",
         "default_action",
@@ -83,6 +84,7 @@ class YamlBundle:
             for length, table in sorted(by_prefix.items())
         )
         self._unindexed = tuple(unindexed)
+        self._denied: dict[tuple[str, str, str], bool] = {}  # denied_always's answers
 
     @property
     def rule_ids(self) -> tuple[str, ...]:
@@ -118,6 +120,43 @@ class YamlBundle:
         if inp.kind == "local":
             return self._local
         return self._default
+
+    def denied_always(self, agent_id: str, kind: str, target: str) -> bool:
+        """Whether every possible `args` of a step (agent_id, kind, target) is denied: sound, so
+        True only when provably so (docs/mcp.md, "Hiding denied tools").
+
+        The rules in file order, as ``evaluate``'s first match: one whose head (kind, agent,
+        target) cannot match is skipped; one with no `arguments` decides (deny: True, else
+        False); one with `arguments` and a deny lets the args it does not match fall through;
+        one with `arguments` and anything else lets some args reach it: False. No deciding rule:
+        the default (a `local` step's is allow). The other denies ``evaluate`` gives (a number
+        out of range in args, execution or usage) only add denies, so they cannot make a True
+        wrong. Nothing else in ``evaluate`` reads the input."""
+        key = (agent_id, kind, target)
+        hit = self._denied.get(key)
+        if hit is None:
+            # Remembered: a gateway asks about every tool on each report (every few seconds), and
+            # the walk is 46 us CPU per tool for 1000 rules (1000 tools: 46 ms) against 0.1 us
+            # for a hit. Bounded: an agent's tools, a few agents per bundle revision.
+            hit = self._walk(agent_id, kind, target)
+            if len(self._denied) >= 8192:
+                self._denied.clear()
+            self._denied[key] = hit
+        return hit
+
+    def _walk(self, agent_id: str, kind: str, target: str) -> bool:
+        inp = PolicyInput(agent_id=agent_id, kind=kind, target=target, args=None)
+        for rule in self.rules:
+            if not rule.head(inp):
+                continue
+            deny = rule.decision.verdict is Verdict.DENY
+            if not rule.predicates:
+                return deny
+            if not deny:
+                return False
+        if kind == "local":
+            return False
+        return self._default.verdict is Verdict.DENY
 
     def explain(self, inp: PolicyInput) -> list[RuleTrace]:
         """Every rule in file order: whether it matched, and the first condition that failed."""
