@@ -354,7 +354,7 @@ def test_retention_batches_follow_their_duration_so_a_write_waits_for_a_short_on
     monkeypatch.setattr(retention.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(retention.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     target = retention.target_seconds(kernel)
-    assert target == (0.015 if kernel.store.dialect == "sqlite" else 0.050)  # only SQLite's lock is the store's
+    assert target == (0.005 if kernel.store.dialect == "sqlite" else 0.050)  # only SQLite's lock is the store's
     monkeypatch.setattr(retention, "target_seconds", lambda k: 0.015)
     left, sizes = [1000], []
 
