@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from starlette.routing import Mount
 
 from kernel.domain import Lease as KernelLease
 from kernel.errors import CODE_TO_STATUS, RegentError
@@ -138,12 +137,7 @@ def mount(app: Any, host: Host, manifest: Manifest, *, kernel_url: str, kernel_t
     /mcp-gateway; returns the lifespan hook that runs it (kernel/api/app.py `lifespan_hooks`)."""
     gws = Gateways(manifest, kernel_url, kernel_token=kernel_token, pins_path=pins_path, link=CoreLink,
                    link_args=(host,))
-    served = _Waiting(gws.app(lifespan=False))
-    ahead = getattr(app, "mount_ahead", None)  # the kernel's app (kernel/api/hot.py): past its middleware stack
-    if ahead is not None:
-        ahead(PREFIX, served)
-    else:
-        app.router.routes.append(Mount(PREFIX, app=served))
+    app.mount_ahead(PREFIX, _Waiting(gws.app(lifespan=False)))  # kernel/api/hot.py: past its middleware stack
 
     async def hook(_app: Any) -> Callable[[], Awaitable[None]]:
         running: AbstractAsyncContextManager[None] = gws.running()
