@@ -11,6 +11,7 @@ store's modules read one namespace.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlmodel import Field, SQLModel
 
@@ -80,6 +82,13 @@ class PolicyRevisionRow(SQLModel, table=True):
     created_at: datetime = ts()
 
 
+def _where(sqlite: str, postgresql: str | None = None) -> dict[str, Any]:
+    """A partial index's predicate on both stores. SQLite uses a partial index only when the query
+    repeats its predicate's terms (`suspended = 1`, as SQLAlchemy renders `== true()` there) or,
+    for `x IS NOT NULL`, compares x; PostgreSQL proves the implication from any strict operator."""
+    return {"sqlite_where": text(sqlite), "postgresql_where": text(postgresql or sqlite)}
+
+
 class ExecutionRow(SQLModel, table=True):
     __tablename__ = "executions"
     __table_args__ = (
@@ -87,13 +96,18 @@ class ExecutionRow(SQLModel, table=True):
         Index("ix_executions_status", "status", "id"),
         # Session admission reads a session's live and queued executions, oldest first.
         Index("ix_executions_session", "session", "status", "id"),
-        Index("ix_executions_parent", "parent_execution_id"),
+        # Partial (migration 018), as are the deadline and suspended indexes below: most executions
+        # have no parent, no deadline and are not suspended, and a full index holds all those NULL
+        # (or false) keys in heap order, so each execution insert or non-HOT update wrote one entry
+        # at its tuple's place in the heap: a random leaf, read from disk, on a big store.
+        Index("ix_executions_parent", "parent_execution_id", **_where("parent_execution_id IS NOT NULL")),
         # Retention's batch (migration 012): terminal executions created before the cutoff, of which
         # it keeps those updated since. Not updated_at: every step moves it, so an index on it would
         # be written twice a round trip (and on PostgreSQL end the executions row's HOT updates).
         Index("ix_executions_created", "status", "created_at"),
         # The repair sweep's suspended parents: few rows, set at a spawn, not on every step (012).
-        Index("ix_executions_suspended", "suspended"),
+        Index("ix_executions_suspended", "suspended", **_where("suspended = 1", "suspended")),
+        Index("ix_executions_deadline_at", "deadline_at", **_where("deadline_at IS NOT NULL")),
         UniqueConstraint("agent_id", "idempotency_key"),
     )
 
@@ -110,7 +124,7 @@ class ExecutionRow(SQLModel, table=True):
     usage_output: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
     created_at: datetime = ts()
     updated_at: datetime = ts()
-    deadline_at: datetime | None = ts(nullable=True, index=True)
+    deadline_at: datetime | None = ts(nullable=True)
     # The credential that created it: an API key's id, "bootstrap" or "dev". The key that created
     # an execution may not approve its steps.
     created_by: str | None = Field(default=None, sa_column=Column(String(36)))

@@ -484,3 +484,55 @@ def test_version_16_database_migrates_and_steps_are_keyed_by_execution_then_step
             assert got is not None and (got.target, got.status, got.started_at) == (s.target, s.status, T0)
     with pytest.raises(StoreConflict), store.transaction() as tx:  # the unique key still holds
         tx.insert_step(dataclasses.replace(rows[0], step_id="z" * 64), None)
+
+
+def _executions_indexes(store: SqlStore) -> dict[str, str]:
+    """index name → its definition as the store holds it."""
+    with store.engine.connect() as c:
+        if store.dialect == "postgresql":
+            q = "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'executions'"
+        else:
+            q = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'executions'"
+        return {str(n): str(d or "") for n, d in c.execute(text(q)).all()}
+
+
+def test_version_17_database_migrates_to_partial_executions_indexes_and_room_to_update(empty_store: SqlStore) -> None:
+    """018 rebuilds the parent, deadline and suspended indexes partial (only the rows that have
+    one, or are suspended), keeps what they answer, and on PostgreSQL leaves a tenth of each new
+    executions page for its rows' updates."""
+    store = empty_store
+    migrate(store)
+    with store.engine.begin() as c:
+        for name, column in (("ix_executions_parent", "parent_execution_id"),
+                             ("ix_executions_deadline_at", "deadline_at"), ("ix_executions_suspended", "suspended")):
+            c.execute(text(f"DROP INDEX {name}"))
+            c.execute(text(f"CREATE INDEX {name} ON executions ({column})"))
+        if store.dialect == "postgresql":
+            c.execute(text("ALTER TABLE executions RESET (fillfactor)"))
+        c.execute(t.schema_version.delete().where(t.schema_version.c.version > 17))
+    assert all(" WHERE " not in d.upper() for n, d in _executions_indexes(store).items()
+               if n in ("ix_executions_parent", "ix_executions_deadline_at", "ix_executions_suspended"))
+    parent, child = new_uuid7(), new_uuid7()
+    with store.transaction() as tx:
+        tx.upsert_agent(Agent(id="a", webhook_url="http://127.0.0.1:9/h", secret="s", registered_at=T0))
+        tx.insert_execution(Execution(id=parent, agent_id="a", input=None, status=ExecutionStatus.RUNNING,
+                                      created_at=T0, updated_at=T0))
+        tx.insert_execution(Execution(id=child, agent_id="a", input=None, status=ExecutionStatus.RUNNING,
+                                      created_at=T0, updated_at=T0, parent_execution_id=parent,
+                                      deadline_at=T0 + timedelta(minutes=1)))
+    with store.engine.begin() as c:
+        c.execute(t.executions.update().where(t.executions.c.id == parent).values(suspended=True))
+
+    assert [m.version for m in migrate(store)] == list(range(18, LATEST + 1))
+    defs = _executions_indexes(store)
+    assert "parent_execution_id IS NOT NULL" in defs["ix_executions_parent"]
+    assert "deadline_at IS NOT NULL" in defs["ix_executions_deadline_at"]
+    assert " WHERE " in defs["ix_executions_suspended"].upper()
+    with store.read() as tx:
+        assert [e.id for e in tx.children(parent)] == [child]
+        assert tx.execution_ids_past_deadline(T0 + timedelta(minutes=2), 10) == [child]
+        assert tx.suspended_parents_ready(10) == []  # its child is live
+    if store.dialect == "postgresql":
+        with store.engine.connect() as c:
+            opts = c.execute(text("SELECT reloptions FROM pg_class WHERE relname = 'executions'")).scalar()
+        assert opts == ["fillfactor=90"]
