@@ -86,6 +86,10 @@ class Authenticator:
     def principal(self, request: Request, *scopes: str) -> Principal:
         header = request.headers.get("authorization")
         if header is None:
+            # An agent's signed request is never an operator's, not even in dev: a gateway signed
+            # as its agent must not list or approve tool definitions (its own or another agent's).
+            if is_agent_request(request):
+                raise Unauthorized("unauthorized: this route takes a bearer token, not an agent's signature")
             if self.dev:
                 return Principal(admin=True, dev=True)
             raise Unauthorized()

@@ -1,5 +1,5 @@
-"""MCP tools: per agent, each tool its gateways offer with its state (approved, changed, new) and
-who approved its definition; approving is a confirmation page showing the old and new definition
+"""MCP tools: per agent, each tool its gateways offer with its state (approved, changed, new), who
+approved its definition and whether the bundle denies it whatever the arguments; approving is a confirmation page showing the old and new definition
 and who the history will name (docs/console.md, docs/mcp.md)."""
 
 from __future__ import annotations
@@ -46,7 +46,10 @@ def _overview(k: Any, agent_id: str | None) -> dict[str, Any]:
     if chosen is not None and chosen not in known:
         raise NotFound(f"agent {chosen!r} not found")
     pins = tool_pins.list_pins(k, chosen) if chosen else []
-    return {"agents": known, "agent_id": chosen, "tools": pins}
+    # What the API's pins say as `denied_always`; hidden from tools/list only where the manifest asks.
+    denied = tool_pins.denied_always(k, chosen, [p.tool for p in pins]) if chosen else frozenset()
+    return {"agents": known, "agent_id": chosen, "tools": pins, "denied": denied,
+            "hides_denied": chosen in k.mcp_hide_denied}
 
 
 def _actor(v: Any) -> Actor:

@@ -104,6 +104,9 @@ class Kernel:
     # Agents whose bundle is pulled from a bundle server: agent id → source URL. The source decides
     # their active revision; the admin API's changes to it are refused (core/policies.py).
     pulled_bundles: dict[str, str] = field(default_factory=dict)
+    # Agents whose manifest `mcp:` sets `hide_denied_tools`: their gateways leave the tools the
+    # bundle denies whatever the arguments out of tools/list (the console's MCP tools page says so).
+    mcp_hide_denied: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.secrets.ttl = self.agent_cache_ttl

@@ -24,6 +24,12 @@ class PolicyResolver(Protocol):
 
     def decide(self, inp: PolicyInput, tx: BundleReads | None = None, bundle_id: int | None = None) -> Decision: ...
 
+    def denied_always(self, agent_id: str, kind: str, targets: list[str]) -> frozenset[str]:
+        """The `targets` the agent's active bundle denies whatever the arguments (docs/mcp.md,
+        "Hiding denied tools"). Sound and never raises: when in doubt (a Rego bundle, no bundle, a
+        fault), none."""
+        ...
+
     def check(self, kind: str, content: str) -> str:
         """The load gate: compile without storing; returns the revision or raises ValidationError."""
         ...

@@ -170,12 +170,10 @@ def list_pins(k: Kernel, agent_id: str) -> list[ToolPin]:
 def denied_always(k: Kernel, agent_id: str, tools: Sequence[str]) -> frozenset[str]:
     """The tools (namespaced names, the gateway's step targets, kind `tool_call`) the agent's
     active bundle denies whatever the arguments; a gateway with `mcp.hide_denied_tools` leaves
-    them out of tools/list (docs/mcp.md, "Hiding denied tools"). A resolver without the question
-    answers none."""
-    ask = getattr(k.policy, "denied_always", None)
-    if ask is None or not tools:
+    them out of tools/list (docs/mcp.md, "Hiding denied tools")."""
+    if not tools:
         return frozenset()
-    return frozenset(ask(agent_id, "tool_call", list(tools)))
+    return frozenset(k.policy.denied_always(agent_id, "tool_call", list(tools)))
 
 
 def get_pin(k: Kernel, agent_id: str, tool: str) -> ToolPin:

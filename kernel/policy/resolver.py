@@ -26,6 +26,11 @@ class CompiledBundle(Protocol):
 
     def evaluate(self, inp: PolicyInput) -> Decision: ...
 
+    def denied_always(self, agent_id: str, kind: str, target: str) -> bool:
+        """Whether every step (agent_id, kind, target) is denied whatever its arguments; True only
+        when provably so (a YAML bundle's rule walk), never raises."""
+        ...
+
 
 Compiler = Callable[[str, str], CompiledBundle]  # (content, revision) → compiled
 
@@ -54,6 +59,10 @@ class RegoCompiled:
     def evaluate_many(self, inputs: list[PolicyInput]) -> list[Decision]:
         """Each input's decision, in batched worker calls (the policy test runner)."""
         return self.engine.evaluate_many(self.bundle, inputs)  # type: ignore[no-any-return]
+
+    def denied_always(self, agent_id: str, kind: str, target: str) -> bool:
+        """Never: regopy has no partial evaluation to prove a deny for every input."""
+        return False
 
 
 class LazyRegoEngine:
@@ -171,10 +180,9 @@ class BundleResolver:
             if row is None:
                 return frozenset()
             bundle = self._compiled(row, None)
-            ask = getattr(bundle, "denied_always", None)
-            if isinstance(bundle, Exception) or ask is None:
+            if isinstance(bundle, Exception):
                 return frozenset()
-            return frozenset(t for t in targets if ask(agent_id, kind, t))
+            return frozenset(t for t in targets if bundle.denied_always(agent_id, kind, t))
         except Exception:
             log.exception("denied_always: policy lookup failed for agent %s", agent_id)
             return frozenset()

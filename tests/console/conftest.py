@@ -134,9 +134,11 @@ class ConsoleKernel:
 
 @contextlib.contextmanager
 def console_kernel(tmp: Path, command: str = "dev", agent_ids: tuple[str, ...] = ("ops",),
-                   keys: dict[str, list[str]] | None = None, **env: str) -> Iterator[tuple[ConsoleKernel, dict[str, str]]]:
+                   keys: dict[str, list[str]] | None = None, mcp: dict[str, str] | None = None,
+                   **env: str) -> Iterator[tuple[ConsoleKernel, dict[str, str]]]:
     """`regent dev|serve` on a SQLite file in `tmp`, each agent on its own port with BUNDLE as its
-    policy; `keys` (name → scopes) are created first and returned as name → token."""
+    policy; `keys` (name → scopes) are created first and returned as name → token; `mcp` (agent →
+    YAML flow mapping) is an agent's manifest `mcp:` section."""
     db_url = f"sqlite:///{tmp}/regent.db"
     tokens = {name: make_key(db_url, name, scopes) for name, scopes in (keys or {}).items()}
     ports = {a: free_port() for a in agent_ids}
@@ -145,6 +147,8 @@ def console_kernel(tmp: Path, command: str = "dev", agent_ids: tuple[str, ...] =
     for agent_id, port in ports.items():
         lines += [f"  - id: {agent_id}", f"    webhook_url: http://127.0.0.1:{port}/webhook",
                   "    secret: ${E2E_SECRET}", "    policy_file: bundle.yaml"]
+        if mcp and agent_id in mcp:
+            lines.append(f"    mcp: {mcp[agent_id]}")
     manifest = tmp / "regent.yaml"
     manifest.write_text("\n".join(lines) + "\n")
     extra = {"REGENT_BEARER_TOKEN": BOOTSTRAP_TOKEN} if command == "serve" else {}

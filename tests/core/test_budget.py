@@ -35,6 +35,9 @@ class FixedPolicy:
         self.decision = decision
         self.inputs: list[PolicyInput] = []
 
+    def denied_always(self, agent_id: str, kind: str, targets: list[str]) -> frozenset[str]:
+        return frozenset()
+
     def decide(self, inp: PolicyInput, tx: Any = None, bundle_id: Any = None) -> Decision:
         self.inputs.append(inp)
         return self.decision

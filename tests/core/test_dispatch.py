@@ -61,6 +61,9 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
 
 
 class AskEveryone:
+    def denied_always(self, agent_id: str, kind: str, targets: list[str]) -> frozenset[str]:
+        return frozenset()
+
     def decide(self, inp: PolicyInput, tx: Any = None, bundle_id: Any = None) -> Decision:
         return Decision(Verdict.REQUIRE_APPROVAL, "ask")
 

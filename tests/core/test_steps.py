@@ -35,6 +35,9 @@ class FixedPolicy:
         self.decision = decision
         self.calls = 0
 
+    def denied_always(self, agent_id: str, kind: str, targets: list[str]) -> frozenset[str]:
+        return frozenset()
+
     def decide(self, inp: PolicyInput, tx: Any = None, bundle_id: Any = None) -> Decision:
         self.calls += 1
         return self.decision

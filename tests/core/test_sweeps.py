@@ -19,6 +19,9 @@ KEY = "regent_test_leader"
 
 
 class AskEveryone:
+    def denied_always(self, agent_id: str, kind: str, targets: list[str]) -> frozenset[str]:
+        return frozenset()
+
     def decide(self, inp: PolicyInput, tx: Any = None, bundle_id: Any = None) -> Decision:
         return Decision(Verdict.REQUIRE_APPROVAL, "ask", approval=ApprovalConfig(timeout_seconds=60))
 

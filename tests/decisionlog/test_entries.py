@@ -148,6 +148,9 @@ def test_an_unusable_bundle_is_logged_as_an_eval_error(logged: tuple[Kernel, Pat
     k, path = logged
 
     class Broken:
+        def denied_always(self, agent_id: str, kind: str, targets: list[str]) -> frozenset[str]:
+            return frozenset()
+
         def decide(self, inp: Any, tx: Any = None, bundle_id: Any = None) -> Any:
             from kernel.domain import Decision
 

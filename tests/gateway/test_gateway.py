@@ -60,6 +60,9 @@ def fake_upstream(calls: list[dict[str, Any]]) -> FastAPI:
 class ByModel:
     """A resolver deciding by the model name, so one execution can see every decision."""
 
+    def denied_always(self, agent_id: str, kind: str, targets: list[str]) -> frozenset[str]:
+        return frozenset()
+
     def decide(self, inp: PolicyInput, tx: Any = None, bundle_id: Any = None) -> Decision:
         if inp.target == "forbidden":
             return Decision(Verdict.DENY, "no-forbidden", reason="model_forbidden")

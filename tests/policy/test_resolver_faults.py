@@ -24,6 +24,9 @@ class Raising:
     def evaluate(self, inp: PolicyInput) -> Decision:
         raise RuntimeError("the engine fell over")
 
+    def denied_always(self, agent_id: str, kind: str, target: str) -> bool:
+        raise RuntimeError("the engine fell over")
+
 
 def _raising(content: str, revision: str) -> CompiledBundle:
     return Raising()
@@ -64,3 +67,12 @@ def test_a_stored_bundle_that_no_longer_compiles_is_a_bundle_error_deny(store: S
     d = resolver.decide(_inp(), bundle_id=bundle_id if fork else None)
     assert (d.verdict, d.rule_id) == (Verdict.DENY, "bundle-error")
     assert (d.policy_revision, d.policy_hash) == ("r1", DIGEST)
+
+
+def test_a_bundle_that_raises_while_asked_what_it_always_denies_hides_nothing(
+        store: SqlStore, caplog: pytest.LogCaptureFixture) -> None:
+    _stored(store)
+    resolver = BundleResolver(store, compilers={"yaml": _raising})
+    with caplog.at_level(logging.ERROR, logger="kernel.policy"):
+        assert resolver.denied_always("a", "tool_call", ["fs_read_file"]) == frozenset()
+    assert [r.getMessage() for r in caplog.records] == ["denied_always: policy lookup failed for agent a"]

@@ -151,13 +151,12 @@ def test_the_shipped_bundles() -> None:
     assert not filesystem.denied_always("fs", "tool_call", "fs/read_file")
 
 
-class _Rego:
-    """A stand-in for a compiled Rego bundle: no `denied_always` (regopy cannot prove one)."""
-
-    revision = "r1"
-
-    def evaluate(self, inp: PolicyInput) -> Any:
-        raise AssertionError("not asked")
+# A Rego bundle that denies every step: still never hidden (regopy cannot prove a deny for every input).
+DENY_ALL_REGO = json.dumps({
+    "modules": {"policy.rego": 'package regent\nimport rego.v1\n\n'
+                               'decision := {"decision": "deny", "rule_id": "no"}\n'},
+    "data": {}, "manifest": {"roots": ["regent"]},
+})
 
 
 def test_the_resolver_answers_from_the_active_bundle_and_never_for_rego_or_a_broken_bundle(store: Any) -> None:
@@ -181,17 +180,21 @@ rules:
     when: {target: fs_write_file, arguments: {path: {regex: "^/etc"}}}
     then: {decision: deny}
 """, now)
-        tx.add_policy_revision("r", "rego", "r1", "{}", now)
+        tx.add_policy_revision("r", "rego", "r1", DENY_ALL_REGO, now)
         tx.add_policy_revision("broken", "yaml", "r1", "rules: [", now)
 
     def refuse(content: str, revision: str) -> Any:
         raise ValueError("does not compile")
 
-    from kernel.policy.resolver import compile_yaml
-
-    resolver = BundleResolver(store, compilers={"yaml": compile_yaml, "rego": lambda c, r: _Rego()})
+    resolver = BundleResolver(store)
     assert resolver.denied_always("y", "tool_call", tools) == {"fs_delete_file"}
-    assert resolver.denied_always("r", "tool_call", tools) == frozenset()  # Rego never hides
+    try:
+        # the Rego bundle compiles and denies the step, yet is never said to deny it always
+        denied = resolver.decide(PolicyInput(agent_id="r", kind="tool_call", target="fs_read_file", args={}))
+        assert (denied.verdict, denied.rule_id) == (Verdict.DENY, "no"), denied
+        assert resolver.denied_always("r", "tool_call", tools) == frozenset()  # Rego never hides
+    finally:
+        resolver.close()
     assert resolver.denied_always("broken", "tool_call", tools) == frozenset()
     assert resolver.denied_always("none", "tool_call", tools) == frozenset()  # no bundle: permissive
     assert resolver.denied_always("ghost", "tool_call", tools) == frozenset()

@@ -39,6 +39,9 @@ class _Recorder:
     def __init__(self) -> None:
         self.inputs: list[Any] = []
 
+    def denied_always(self, agent_id: str, kind: str, targets: list[str]) -> frozenset[str]:
+        return frozenset()
+
     def decide(self, inp: Any, tx: Any = None, bundle_id: Any = None) -> Any:
         from kernel.domain import Decision
 

@@ -33,6 +33,7 @@ log = logging.getLogger("kernel.policy.rego")
 DEFAULT_TIMEOUT_SECONDS = 0.25
 _WORKER_BUNDLE_CACHE = 64  # worker.Worker.max_bundles
 _BROKEN_MEMORY = 256
+_MISSING_TWICE = "it answered 'bundle missing' twice, the second time right after loading the bundle"
 _BATCH = 256  # input documents per OP_EVAL_BATCH
 _BATCH_SECONDS_PER_INPUT = 0.01  # on top of the timeout, for a whole batch
 _OUTCOME_COUNTER = {
@@ -402,7 +403,9 @@ class RegoEngine:
         """Take a worker, compile ``bundle`` on it unless it holds it, send ``op`` with the
         bundle's digest and ``body``, and do both once more if the worker evicted the bundle in
         between (OP_MISSING); ``then`` runs on the worker before it goes back. The worker goes
-        back to the pool unless it faulted: a fault is the caller's to discard and count."""
+        back to the pool unless it faulted: a fault is the caller's to discard and count. A worker
+        that answers OP_MISSING again right after the reload it asked for has faulted (a
+        "protocol" fault): its cache no longer tracks what it loads, so it is not trusted again."""
         w = self._pool.acquire(self.acquire_timeout)
         call = _Call(w)
         if w is None:
@@ -421,6 +424,8 @@ class RegoEngine:
                 if call.op != P.OP_MISSING:
                     break
                 w.loaded.pop(bundle.digest, None)  # the worker evicted it: load and try again
+            else:
+                raise WorkerFault("protocol", _MISSING_TWICE)
             if then is not None:
                 then(w)
         except WorkerFault as fault:
@@ -454,6 +459,11 @@ class RegoEngine:
             reason = f"rego evaluation timed out after {limit * 1000:g} ms (worker killed)"
             if phase != "evaluating":
                 reason = f"timed out after {limit:g}s"
+        elif fault.kind == "protocol":  # counted with the crashes (regent_rego_faults kind=crash)
+            self._count("crashes")
+            reason = f"rego worker broke the protocol {phase} and was {how}"
+            if phase != "evaluating":
+                reason = f"broke the protocol and was {how}"
         else:
             self._count("crashes")
             reason = f"rego worker crashed {phase} ({how})"

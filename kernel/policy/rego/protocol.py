@@ -36,7 +36,8 @@ OP_VALUE = 13  # the entrypoint's output, as rego-cpp renders it: {"expressions"
 OP_UNDEFINED = 14  # the entrypoint is undefined for this input
 OP_MISSING = 15  # the worker does not hold this bundle (never loaded, or evicted)
 
-# Inputs carrying this key in `args` make a worker started with test hooks fault on purpose.
+# Inputs carrying this key in `args` make a worker started with test hooks fault on purpose; a
+# bundle whose data.json maps it to "forget" is dropped by such a worker as soon as it loads.
 TEST_FAULT_KEY = "__regent_test_fault__"
 
 

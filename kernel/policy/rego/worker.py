@@ -183,6 +183,9 @@ class Worker:
         self.bundles.move_to_end(req["key"])
         while len(self.bundles) > self.max_bundles:
             self.bundles.popitem(last=False)
+        if self.test_hooks and _wants_forgetting(req.get("data")):
+            # as if evicted between this load and the next request: every request answers OP_MISSING
+            self.bundles.pop(req["key"], None)
         self.send(P.OP_OK, json.dumps({"builtins": builtins}).encode())
 
     def _trial(self, bundle: Any, entrypoint: bytes, runtime: Any) -> str:
@@ -303,6 +306,12 @@ class Worker:
             return
         results = [self._query(runtime, bundle, str(name).encode("utf-8")) for name in req.get("entrypoints") or []]
         self.send(P.OP_OK, json.dumps({"results": results}).encode("utf-8"))
+
+
+def _wants_forgetting(data: Any) -> bool:
+    """A bundle whose data.json holds ``{TEST_FAULT_KEY: "forget"}`` is dropped right after it
+    loads (honoured only with test hooks): the engine's "bundle missing twice" path."""
+    return isinstance(data, dict) and data.get(P.TEST_FAULT_KEY) == "forget"
 
 
 def _maybe_fault(document: Any) -> None:
