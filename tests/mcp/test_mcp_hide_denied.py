@@ -114,9 +114,14 @@ def _names(env: HideEnv, agent: str) -> set[str]:
 
 
 def test_the_kernel_reports_which_tools_are_denied_whatever_the_arguments(env: HideEnv) -> None:
-    _names(env, "shower")  # the gateway has reported the upstream's tools
-    answer = env.api.http.get("/v0/mcp/shower/tools").json()
-    denied = {t["tool"]: t["denied_always"] for t in answer["tools"]}
+    _names(env, "shower")  # the gateway has listed the upstream's tools; its report may still be on the way
+
+    def reported() -> dict[str, bool] | None:
+        answer = env.api.http.get("/v0/mcp/shower/tools").json()
+        got = {t["tool"]: t["denied_always"] for t in answer["tools"]}
+        return got if {"fs_delete_file", "fs_write_file", "fs_read_file"} <= set(got) else None
+
+    denied = wait_for(reported, "the gateway's report of the upstream's tools", timeout=20)
     assert denied["fs_delete_file"] is True
     assert denied["fs_write_file"] is False  # denied only for some paths
     assert denied["fs_read_file"] is False
