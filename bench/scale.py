@@ -54,7 +54,7 @@ RETENTION_SECONDS = float(os.environ.get("REGENT_BENCH_SCALE_RETENTION_SECONDS",
 # The release of the 10^5 parked executions ends when none is left pending; this only bounds it. A
 # machine whose one-row commit took 0.09 ms resumed them all in 135-139 s on PostgreSQL, one at
 # 0.35 ms 80 000 in 300 s (265 a second), so 300 s was too short there.
-RELEASE_SECONDS = 900.0
+RELEASE_SECONDS = float(os.environ.get("REGENT_BENCH_SCALE_RELEASE_SECONDS", 900))
 
 
 def executions_of(p: Profile) -> int:
@@ -383,7 +383,7 @@ def _parked(kind: str, label: str, big: int, tmp: Path, pg_url: str) -> list[tup
                 return f"sqlite:///{tmp}/parked-{size}.db"
             return stack.enter_context(pg_scratch(pg_url))
 
-        r = parked.measure(url_for, small, big, float(os.environ.get("REGENT_BENCH_SCALE_RELEASE_SECONDS", RELEASE_SECONDS)))
+        r = parked.measure(url_for, small, big, RELEASE_SECONDS)
     return [
         (f"scale: cleanup sweep pass with {big:,} / {small:,} executions parked on an approval, {label} "
          "(median CPU; wall)", f"{r['big_cpu'] / r['small_cpu']:.2f}× ({r['big_cpu'] * 1e3:.1f} / "

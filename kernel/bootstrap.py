@@ -288,10 +288,10 @@ def build_runtime(settings: Settings) -> Runtime:
                                    spin_seconds=settings.rego_worker_spin_us / 1e6)
     )
     extra: dict[str, Any] = {"decision_log": decision_log} if decision_log is not None else {}
+    hide_denied = frozenset(a.id for a in (manifest.agents if manifest else ())
+                            if a.mcp is not None and a.mcp.hide_denied_tools)
     kernel = build_kernel(settings, store, policy=resolver, limiter=limiter, judge=judge,
-                          pulled_bundles={s.agent_id: s.url for s in pulled},
-                          mcp_hide_denied=frozenset(a.id for a in (manifest.agents if manifest else ())
-                                                    if a.mcp is not None and a.mcp.hide_denied_tools), **extra)
+                          pulled_bundles={s.agent_id: s.url for s in pulled}, mcp_hide_denied=hide_denied, **extra)
     # The shadows' workers are their own: a worker is never waited for (none idle is a fault).
     shadow_rego = LazyRegoEngine(size=settings.shadow_rego_workers, timeout=settings.rego_timeout,
                                  acquire_timeout=0.05, nice=settings.shadow_rego_nice,

@@ -1,6 +1,7 @@
 """MCP tools: per agent, each tool its gateways offer with its state (approved, changed, new), who
-approved its definition and whether the bundle denies it whatever the arguments; approving is a confirmation page showing the old and new definition
-and who the history will name (docs/console.md, docs/mcp.md)."""
+approved its definition and whether the bundle denies it whatever the arguments; approving is a
+confirmation page showing the old and new definition and who the history will name
+(docs/console.md, docs/mcp.md)."""
 
 from __future__ import annotations
 

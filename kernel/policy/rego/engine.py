@@ -460,10 +460,8 @@ class RegoEngine:
             if phase != "evaluating":
                 reason = f"timed out after {limit:g}s"
         elif fault.kind == "protocol":  # counted with the crashes (regent_rego_faults kind=crash)
-            self._count("crashes")
+            self._count("crashes")  # raised only once evaluating (_call's second OP_MISSING)
             reason = f"rego worker broke the protocol {phase} and was {how}"
-            if phase != "evaluating":
-                reason = f"broke the protocol and was {how}"
         else:
             self._count("crashes")
             reason = f"rego worker crashed {phase} ({how})"
