@@ -78,6 +78,7 @@ def test_a_long_timeline_is_paged_with_links_to_every_part_of_it(ck: ConsoleKern
     last_step = page.locator("tr.step").last.get_attribute("id")
     page.screenshot(path=str(shot(page, "timeline-paged")), clip={"x": 0, "y": 0, "width": 1280, "height": 800})
     page.click("nav.pager .first >> nth=0")
+    page.wait_for_load_state()  # the click returns at commit; count() does not wait for rows
     assert page.locator("tr.event", has_text="execution.created").count() == 1
     assert page.locator("tr.step").count() >= 100
     # The audit links a decision to its step, on the timeline page that holds its event.

@@ -347,20 +347,26 @@ def test_the_executions_list_pages_both_ways_finds_an_id_prefix_and_keeps_a_bad_
     def shown() -> list[str]:
         return list(page.locator("tr.execution-row a.exec-id").all_inner_texts())
 
+    def follow(selector: str) -> None:
+        # A click returns once the next page has committed, not loaded: its rows read [] in
+        # between (seen once in CI, on PostgreSQL). Wait for the load before reading them.
+        page.click(selector)
+        page.wait_for_load_state()
+
     assert shown() == ids[:50]  # full ids, newest first
-    page.click("nav.pager a.older >> nth=0")
-    page.click("nav.pager a.older >> nth=0")
+    follow("nav.pager a.older >> nth=0")
+    follow("nav.pager a.older >> nth=0")
     assert shown() == ids[100:]
-    page.click("nav.pager a.newer >> nth=0")
+    follow("nav.pager a.newer >> nth=0")
     assert shown() == ids[50:100]
-    page.click("nav.pager a.newer >> nth=0")
+    follow("nav.pager a.newer >> nth=0")
     assert shown() == ids[:50] and page.locator("nav.pager a.newer").count() == 0
     created = page.locator("tr.execution-row time").first
     assert created.inner_text().endswith("Z") and "your time zone" in (created.get_attribute("title") or "")
     screen(page, "executions-list")
     target = ids[77]
     page.fill("input[name=q]", target[:30].upper())  # any case
-    page.click("button:text-is('Search')")
+    follow("button:text-is('Search')")
     assert shown() == [x for x in ids if x.startswith(target[:30])]
     # A date the form cannot use (typed into a URL, or by a browser without a date picker) is
     # said above the form, which keeps the search as given.
