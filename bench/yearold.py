@@ -5,7 +5,8 @@ on average) and 3 + 4 × steps events (created, started, proposed / allowed / ex
 succeeded per step, its end): 11 per execution on average, so 10^6 executions are 1.1 × 10^7
 events. One step row and one decision record per step, one retired dispatch per execution; 93 %
 completed, 5 % failed, 2 % cancelled; every 100th has a granted approval, every 20th belongs to a
-session (5 turns a session), every 1000th is a fork of the one before. They span the last 365
+session (5 turns a session), every 1000th is a fork of the one before. Execution ids are UUIDv7
+of their creation time, as the kernel's are (shape 2; shape 1's were random). They span the last 365
 days, except the first `expired` executions, which are 400–430 days old (past a 400-day
 retention, for the retention figure). Secondary indexes are dropped for the load and rebuilt
 after it, and the tables analysed, as `bench/audit.py` does.
@@ -38,10 +39,19 @@ def cache_dir() -> Path:
     return d
 
 
-def _age_sql(n: int, expired: int) -> str:
-    """Seconds before NOW that execution i was created."""
-    return (f"CASE WHEN i <= {expired} THEN {430 * DAY} - i * {20 * DAY // max(expired, 1)} "
-            f"ELSE 3600 + ({365 * DAY} * ({n} - i)) / {max(n - expired, 1)} END")
+def _age_sql(n: int, expired: int, i: str = "i") -> str:
+    """Seconds before NOW that execution `i` was created."""
+    return (f"CASE WHEN {i} <= {expired} THEN {430 * DAY} - {i} * {20 * DAY // max(expired, 1)} "
+            f"ELSE 3600 + ({365 * DAY} * ({n} - {i})) / {max(n - expired, 1)} END")
+
+
+def _uuid7(ms_hex: str, rand_hex: str, substr: str = "substr") -> str:
+    """A UUIDv7 as the kernel writes it (`kernel.ids.new_uuid7`): 48 bits of Unix milliseconds, the
+    version 7, then random bits with the RFC 9562 variant. Ids in creation order sort in time order,
+    as a real store's do, so the bench's new executions go to the right end of every id index."""
+    r = rand_hex
+    return (f"substr({ms_hex},1,8)||'-'||substr({ms_hex},9,4)||'-7'||{substr}({r},1,3)||'-8'||{substr}({r},4,3)"
+            f"||'-'||{substr}({r},7,12)")
 
 
 # -- SQLite ------------------------------------------------------------------------------------------
@@ -78,10 +88,11 @@ def _build_sqlite(path: Path, n: int, expired: int) -> None:
         status = ("CASE WHEN i % 100 < 93 THEN 'completed' WHEN i % 100 < 98 THEN 'failed' ELSE 'cancelled' END")
         c.execute(
             "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < :n), "
-            "h(i, x) AS (SELECT i, lower(hex(randomblob(16))) FROM s) "
+            f"h(i, x, ms) AS (SELECT i, lower(hex(randomblob(16))),"
+            f" printf('%012x', (CAST(strftime('%s', :now) AS INTEGER) - ({_age_sql(n, expired)})) * 1000) FROM s) "
             "INSERT INTO executions (id, agent_id, input, status, output, last_event_seq, usage_input, usage_output,"
             " created_at, updated_at, session, forked_from, fork_seq, suspended) "
-            "SELECT substr(x,1,8)||'-'||substr(x,9,4)||'-4'||substr(x,14,3)||'-8'||substr(x,18,3)||'-'||substr(x,21,12),"
+            f"SELECT {_uuid7('ms', 'x')},"
             " 'agent-' || (i % 20), '{\"n\":' || i || ',\"task\":\"summarise the quarterly report\"}', "
             f" {status}, '{{\"ok\":true}}', 3 + 4 * (i % 3 + 1), 0, 0,"
             f" {_sqlite_ts(_age_sql(n, expired))}, {_sqlite_ts(_age_sql(n, expired) + ' - 30')},"
@@ -169,16 +180,22 @@ def _build_postgres(url: str, n: int, expired: int) -> None:
                           {"a": f"agent-{a}", "now": NOW})
             status = ("CASE WHEN i % 100 < 93 THEN 'completed' WHEN i % 100 < 98 THEN 'failed' ELSE 'cancelled' END")
             age = _age_sql(n, expired)
+
+            def v7(i: str) -> str:  # execution i's id, from its creation time and md5 of i
+                ms = (f"lpad(to_hex(((extract(epoch FROM CAST(:now AS timestamptz)) - ({_age_sql(n, expired, i)}))"
+                      f" * 1000)::bigint), 12, '0')")
+                return _uuid7(ms, f"md5('e' || {i})")
+
             c.execute(text(
                 "INSERT INTO executions (id, agent_id, input, status, output, last_event_seq, usage_input, usage_output,"
                 " created_at, updated_at, session, forked_from, fork_seq, suspended) "
-                "SELECT md5('e' || i)::uuid::text, 'agent-' || (i % 20),"
+                f"SELECT {v7('i')}, 'agent-' || (i % 20),"
                 " '{\"n\":' || i || ',\"task\":\"summarise the quarterly report\"}',"
                 f" {status}, '{{\"ok\"\\:true}}', 3 + 4 * (i % 3 + 1), 0, 0,"
                 f" CAST(:now AS timestamptz) - ({age}) * interval '1 second',"
                 f" CAST(:now AS timestamptz) - ({age} - 30) * interval '1 second',"
                 " CASE WHEN i % 20 = 0 THEN 'session-' || (i / 100) END,"
-                " CASE WHEN i % 1000 = 999 THEN md5('e' || (i - 1))::uuid::text END,"
+                f" CASE WHEN i % 1000 = 999 THEN {v7('(i - 1)')} END,"
                 " CASE WHEN i % 1000 = 999 THEN 3 ELSE 0 END, false "
                 "FROM generate_series(1, CAST(:n AS bigint)) AS i"), {"n": n, "now": NOW})
             c.execute(text("CREATE TEMP TABLE tmpl (k int, pos int, step int, type text) ON COMMIT DROP"))
@@ -218,7 +235,7 @@ def _build_postgres(url: str, n: int, expired: int) -> None:
                 "SELECT md5('a' || e.id), s.step_id, e.id, 'granted', '[\"ops\"]', e.updated_at, 'ops',"
                 " e.updated_at, e.created_at, e.agent_id, 'tool_call', s.target, 'rule-approve', 'key' "
                 "FROM executions e JOIN steps s ON s.execution_id = e.id AND s.outcome_seq = 6 "
-                "WHERE abs(('x' || substr(e.id, 1, 8))::bit(32)::int) % 100 = 7"))
+                "WHERE abs(('x' || substr(e.id, 25, 8))::bit(32)::int) % 100 = 7"))  # random bits, not time
             c.execute(text(
                 "INSERT INTO dispatches (id, execution_id, status, attempt, max_attempts, next_attempt_at,"
                 " created_at, updated_at) SELECT md5('q' || id)::uuid::text, id, 'exhausted', 1, 10, created_at,"
@@ -234,7 +251,7 @@ def _build_postgres(url: str, n: int, expired: int) -> None:
 # -- cached stores -----------------------------------------------------------------------------------
 
 
-SHAPE = 1  # the builder's version: a cached store is rebuilt when the shape changes, and migrated
+SHAPE = 2  # the builder's version: a cached store is rebuilt when the shape changes, and migrated
 # (as an upgrade would) when only the schema moved on: the scenario opens every copy with migrate
 
 
