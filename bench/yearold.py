@@ -6,7 +6,8 @@ succeeded per step, its end): 11 per execution on average, so 10^6 executions ar
 events. One step row and one decision record per step, one retired dispatch per execution; 93 %
 completed, 5 % failed, 2 % cancelled; every 100th has a granted approval, every 20th belongs to a
 session (5 turns a session), every 1000th is a fork of the one before. Execution ids are UUIDv7
-of their creation time, as the kernel's are (shape 2; shape 1's were random). They span the last 365
+of their creation time, as the kernel's are (shape 2; shape 1's were random); one decision in 20 is
+a denial (shape 3; before, none was). They span the last 365
 days, except the first `expired` executions, which are 400–430 days old (past a 400-day
 retention, for the retention figure). Secondary indexes are dropped for the load and rebuilt
 after it, and the tables analysed, as `bench/audit.py` does.
@@ -43,6 +44,13 @@ def _age_sql(n: int, expired: int, i: str = "i") -> str:
     """Seconds before NOW that execution `i` was created."""
     return (f"CASE WHEN {i} <= {expired} THEN {430 * DAY} - {i} * {20 * DAY // max(expired, 1)} "
             f"ELSE 3600 + ({365 * DAY} * ({n} - {i})) / {max(n - expired, 1)} END")
+
+
+# One decision in 20 is a denial: by the execution's random bits (SQLite: its rowid) and the step's
+# number (outcome_seq 6, 10, 14 → 1, 2, 3). Shapes 1 and 2 tested outcome_seq % 20, which none of
+# those is: their stores held no denied decision, so the "denied" reads paged an empty result.
+_DENIED = "({h} + s.outcome_seq / 4) % 20 = 0"
+_PG_RANDOM = "('x' || substr(e.id, 25, 8))::bit(32)::bigint"  # a v7 id's last group is random, not time
 
 
 def _uuid7(ms_hex: str, rand_hex: str, substr: str = "substr") -> str:
@@ -131,7 +139,7 @@ def _build_sqlite(path: Path, n: int, expired: int) -> None:
             "INSERT INTO decisions (id, agent_id, execution_id, step_id, kind, target, decision, rule_id, reason,"
             " policy_kind, policy_revision, policy_hash, decided_by, credential, event_seq, decided_at) "
             "SELECT lower(hex(randomblob(16))), e.agent_id, e.id, s.step_id, 'tool_call', s.target,"
-            " CASE WHEN s.outcome_seq % 20 = 0 THEN 'denied' ELSE 'allowed' END, 'rule-' || (length(s.target) % 7),"
+            f" CASE WHEN {_DENIED.format(h='e.rowid')} THEN 'denied' ELSE 'allowed' END, 'rule-' || (length(s.target) % 7),"
             " NULL, 'yaml', 'r1', printf('%064x', 1), NULL, NULL, s.outcome_seq - 2, s.started_at "
             "FROM steps s JOIN executions e ON e.id = s.execution_id")
         c.execute(
@@ -226,7 +234,7 @@ def _build_postgres(url: str, n: int, expired: int) -> None:
                 "INSERT INTO decisions (id, agent_id, execution_id, step_id, kind, target, decision, rule_id, reason,"
                 " policy_kind, policy_revision, policy_hash, decided_by, credential, event_seq, decided_at) "
                 "SELECT md5('d' || s.step_id), e.agent_id, e.id, s.step_id, 'tool_call', s.target,"
-                " CASE WHEN s.outcome_seq % 20 = 0 THEN 'denied' ELSE 'allowed' END,"
+                f" CASE WHEN {_DENIED.format(h=_PG_RANDOM)} THEN 'denied' ELSE 'allowed' END,"
                 " 'rule-' || (length(s.target) % 7), NULL, 'yaml', 'r1', lpad('1', 64, '0'), NULL, NULL,"
                 " s.outcome_seq - 2, s.started_at FROM steps s JOIN executions e ON e.id = s.execution_id"))
             c.execute(text(
@@ -235,7 +243,7 @@ def _build_postgres(url: str, n: int, expired: int) -> None:
                 "SELECT md5('a' || e.id), s.step_id, e.id, 'granted', '[\"ops\"]', e.updated_at, 'ops',"
                 " e.updated_at, e.created_at, e.agent_id, 'tool_call', s.target, 'rule-approve', 'key' "
                 "FROM executions e JOIN steps s ON s.execution_id = e.id AND s.outcome_seq = 6 "
-                "WHERE abs(('x' || substr(e.id, 25, 8))::bit(32)::int) % 100 = 7"))  # random bits, not time
+                f"WHERE {_PG_RANDOM} % 100 = 7"))
             c.execute(text(
                 "INSERT INTO dispatches (id, execution_id, status, attempt, max_attempts, next_attempt_at,"
                 " created_at, updated_at) SELECT md5('q' || id)::uuid::text, id, 'exhausted', 1, 10, created_at,"
@@ -251,7 +259,7 @@ def _build_postgres(url: str, n: int, expired: int) -> None:
 # -- cached stores -----------------------------------------------------------------------------------
 
 
-SHAPE = 2  # the builder's version: a cached store is rebuilt when the shape changes, and migrated
+SHAPE = 3  # the builder's version: a cached store is rebuilt when the shape changes, and migrated
 # (as an upgrade would) when only the schema moved on: the scenario opens every copy with migrate
 
 
