@@ -278,7 +278,8 @@ def _expired_left(url: str) -> int:
     import psycopg
 
     with psycopg.connect(url, connect_timeout=5) as pg:
-        row = pg.execute(_EXPIRED.format(p="%s"), (yearold.cutoff(), yearold.cutoff())).fetchone()
+        cutoff = yearold.cutoff()
+        row = pg.execute(_EXPIRED.format(p="%s"), (cutoff, cutoff)).fetchone()
         return int(row[0]) if row else 0
 
 

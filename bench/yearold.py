@@ -53,13 +53,13 @@ _DENIED = "({h} + s.outcome_seq / 4) % 20 = 0"
 _PG_RANDOM = "('x' || substr(e.id, 25, 8))::bit(32)::bigint"  # a v7 id's last group is random, not time
 
 
-def _uuid7(ms_hex: str, rand_hex: str, substr: str = "substr") -> str:
-    """A UUIDv7 as the kernel writes it (`kernel.ids.new_uuid7`): 48 bits of Unix milliseconds, the
-    version 7, then random bits with the RFC 9562 variant. Ids in creation order sort in time order,
-    as a real store's do, so the bench's new executions go to the right end of every id index."""
-    r = rand_hex
-    return (f"substr({ms_hex},1,8)||'-'||substr({ms_hex},9,4)||'-7'||{substr}({r},1,3)||'-8'||{substr}({r},4,3)"
-            f"||'-'||{substr}({r},7,12)")
+def _uuid7(ms: str, r: str) -> str:
+    """A UUIDv7 as the kernel writes it (`kernel.ids.new_uuid7`), from SQL expressions for 12 hex
+    digits of Unix milliseconds (`ms`) and at least 18 random ones (`r`): the version 7, then the
+    random bits with the RFC 9562 variant. Ids in creation order sort in time order, as a real
+    store's do, so the bench's new executions go to the right end of every id index."""
+    return (f"substr({ms},1,8)||'-'||substr({ms},9,4)||'-7'||substr({r},1,3)||'-8'||substr({r},4,3)"
+            f"||'-'||substr({r},7,12)")
 
 
 # -- SQLite ------------------------------------------------------------------------------------------
