@@ -45,8 +45,8 @@ class ShadowRunner:
         self.policy = policy
         self.flush_interval = flush_interval
         self.refresh_interval = refresh_interval
-        # None is close() waking the thread, never an observation
-        self._queue: queue.Queue[ShadowObservation | None] = queue.Queue(maxsize=queue_size)
+        # Each observation with the shadow it was observed under; None is close() waking the thread.
+        self._queue: queue.Queue[tuple[ShadowRef, ShadowObservation] | None] = queue.Queue(maxsize=queue_size)
         self._refs: dict[str, ShadowRef] = {}
         self._lock = threading.Lock()
         self._dropped: dict[int, Batch] = {}
@@ -64,17 +64,21 @@ class ShadowRunner:
         return agent_id in self._refs
 
     def observe(self, obs: ShadowObservation) -> None:
+        # The shadow is read now, not when the thread gets to the step: a step observed while the
+        # shadow ran is its to judge even if it is promoted or cleared before the judging (looked
+        # up then, such a step was counted nowhere; seen in CI when a promote came right after one).
+        ref = self._refs.get(obs.inp.agent_id)
+        if ref is None:
+            return  # cleared since the step path's `wants`
         with self._lock:
             self._outstanding += 1
         try:
-            self._queue.put_nowait(obs)
+            self._queue.put_nowait((ref, obs))
         except queue.Full:
-            ref = self._refs.get(obs.inp.agent_id)
             with self._lock:
                 self._outstanding -= 1
-                if ref is not None:
-                    self._dropped.setdefault(ref.id, Batch()).drop(obs.outcome)
-                    self.dropped += 1
+                self._dropped.setdefault(ref.id, Batch()).drop(obs.outcome)
+                self.dropped += 1
 
     def reload(self) -> None:
         try:
@@ -139,10 +143,7 @@ class ShadowRunner:
                 wait = max(0.05, last_refresh + self.refresh_interval - time.monotonic())
             items = self._take(wait)
             taken += len(items)
-            for obs in items:
-                ref = self._refs.get(obs.inp.agent_id)
-                if ref is None:
-                    continue  # the shadow was cleared or promoted meanwhile
+            for ref, obs in items:
                 batch = batches.setdefault(ref.id, Batch())
                 if self._suspended(ref.id):
                     batch.skip(obs.outcome)
@@ -171,7 +172,7 @@ class ShadowRunner:
             if items and len(items) < _BATCH and not stopping:
                 self._stop.wait(_GATHER_SECONDS)
 
-    def _take(self, wait: float) -> list[ShadowObservation]:
+    def _take(self, wait: float) -> list[tuple[ShadowRef, ShadowObservation]]:
         try:
             first = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
         except queue.Empty:
@@ -179,11 +180,11 @@ class ShadowRunner:
         items = [first] if first is not None else []  # None: close() waking the thread
         while len(items) < _BATCH:
             try:
-                obs = self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if obs is not None:
-                items.append(obs)
+            if item is not None:
+                items.append(item)
         return items
 
     def _suspended(self, shadow_id: int) -> bool:

@@ -170,6 +170,33 @@ def test_promote_then_rollback_each_change_the_next_decision(
     assert httpx.post(_url(server, "shell", "/shadow/promote")).status_code == 404  # nothing to promote
 
 
+def test_a_step_observed_before_the_promotion_is_judged_by_the_promoted_shadow_however_late(
+    kernel: Kernel, server: ServerThread, running: Running, agent_client: AgentClient,
+) -> None:
+    # The runner's thread starts only after the step was observed, the shadow promoted and the
+    # runner's list of shadows re-read without it: the step is still the promoted shadow's to judge.
+    kernel.policy = BundleResolver(kernel.store)
+    runner = ShadowRunner(kernel, ShadowBundles(kernel.store, LazyRegoEngine(size=1, timeout=1.0)), flush_interval=0.05)
+    kernel.shadow = runner
+    try:
+        _setup(server)
+        runner.reload()
+        eid, did, att = running.start()
+        agent_client.lease(did, att)
+        assert agent_client.submit(eid, "transfer_funds", {"amount": 5000}).json()["decision"] == "proceed"
+        assert runner.backlog() == 1
+        promoted = httpx.post(_url(server, "shell", "/shadow/promote"))
+        assert promoted.status_code == 200, promoted.text
+        runner.reload()
+        assert not runner.wants("shell")
+        runner.start()
+        rep = _report(server, runner)
+        assert rep["shadow"]["status"] == "promoted"
+        assert (rep["totals"]["evaluated"], rep["totals"]["disagreed"]) == (1, 1)
+    finally:
+        runner.close()
+
+
 def test_rollback_without_an_earlier_revision_is_a_conflict(shadowed: ShadowRunner, server: ServerThread, running: Running) -> None:
     assert httpx.post(_url(server, "shell", "/rollback")).status_code == 409
     assert httpx.post(_url(server, "shell"), json={"bundle": ACTIVE}).status_code == 204
